@@ -1,0 +1,10 @@
+"""Shared contracts and helpers for inferbus services.
+
+Everything two services must agree on lives here: subject and header names
+(`subjects`, `headers`), the bus message formats (`wire`), tensor datatypes and
+codecs (`datatypes`, `codec`), the error hierarchy (`errors`), model
+configuration (`modelconfig`), the deployment catalog kept in NATS KV
+(`catalog`), settings, logging and the operations HTTP endpoints.
+"""
+
+__version__ = "0.1.0"

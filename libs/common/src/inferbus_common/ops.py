@@ -1,0 +1,98 @@
+"""The operations endpoints every service exposes: /metrics, /healthz, /readyz.
+
+Also the small helpers to run a Starlette app on an already-bound socket (so a
+service can bind port 0 and report the port it got) and to write the ports file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import prometheus_client
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind a listening TCP socket (port 0 = the OS picks); read the port back."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def ops_app(ready: Callable[[], tuple[bool, str]]) -> Starlette:
+    """Starlette app with /metrics, /healthz (process alive) and /readyz.
+
+    Args:
+        ready: returns (is_ready, reason); /readyz answers 503 with the reason
+            until the service can really serve.
+    """
+
+    async def metrics(_: Request) -> Response:
+        return Response(
+            prometheus_client.generate_latest(), media_type=prometheus_client.CONTENT_TYPE_LATEST
+        )
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    async def readyz(_: Request) -> Response:
+        ok, reason = ready()
+        return JSONResponse({"ready": ok, "reason": reason}, status_code=200 if ok else 503)
+
+    return Starlette(
+        routes=[
+            Route("/metrics", metrics),
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+        ]
+    )
+
+
+@contextlib.asynccontextmanager
+async def serve_http(app: object, sock: socket.socket) -> AsyncIterator[uvicorn.Server]:
+    """Serve an ASGI app on a bound socket for the duration of the context."""
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+        loop="none",
+        http="httptools",
+    )
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                await task
+                raise RuntimeError("HTTP server stopped during start-up")
+            await asyncio.sleep(0.01)
+        yield server
+    finally:
+        server.should_exit = True
+        await task
+
+
+def write_ports_file(path: Path | None, ports: dict[str, int]) -> None:
+    """Atomically write ``{"pid": ..., name: port}`` as JSON (no-op when `path` is None)."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), **ports}))
+    tmp.replace(path)

@@ -1,0 +1,142 @@
+"""NATS subject, stream, consumer and KV bucket names.
+
+Pure functions of a prefix (default ``ib``) and names. Model names, versions
+and pools are free text for users, so each is mapped to a safe token: ASCII
+letters, digits, ``_`` and ``-`` stay as they are; every other byte of the
+UTF-8 encoding becomes ``=XX`` (hex). The mapping is reversible and its output
+is valid in subjects, KV keys, stream and consumer names.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_ESCAPE = re.compile(r"=([0-9A-F]{2})")
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def subject_token(name: str) -> str:
+    """Map a name to one safe subject token (see module docstring)."""
+    if not name:
+        raise ValueError("an empty name cannot be a subject token")
+    out = []
+    for b in name.encode("utf-8"):
+        out.append(chr(b) if b in _SAFE else f"={b:02X}")
+    return "".join(out)
+
+
+def name_from_token(token: str) -> str:
+    """Inverse of `subject_token`."""
+    raw = bytearray()
+    i = 0
+    while i < len(token):
+        if token[i] == "=":
+            raw.append(int(token[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            raw.append(ord(token[i]))
+            i += 1
+    return raw.decode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    """Every name on the bus, derived from one prefix.
+
+    Attributes:
+        prefix: first subject token; several deployments can share one NATS
+            server with different prefixes.
+    """
+
+    prefix: str = "ib"
+
+    def __post_init__(self) -> None:
+        if not _PREFIX_RE.match(self.prefix):
+            raise ValueError(f"subject prefix {self.prefix!r} must match {_PREFIX_RE.pattern}")
+
+    # --- data path -----------------------------------------------------------
+    def route(self, model: str) -> str:
+        """Gateway → router, one subject per model (router queue group)."""
+        return f"{self.prefix}.route.{subject_token(model)}"
+
+    @property
+    def route_all(self) -> str:
+        """Wildcard the router subscribes to."""
+        return f"{self.prefix}.route.*"
+
+    def infer(self, model: str, version: str) -> str:
+        """Router → batcher, one subject per model version (batcher queue group)."""
+        return f"{self.prefix}.infer.{subject_token(model)}.{subject_token(version)}"
+
+    @property
+    def infer_all(self) -> str:
+        """Wildcard the batcher subscribes to."""
+        return f"{self.prefix}.infer.*.*"
+
+    def batch(self, pool: str, model: str, version: str) -> str:
+        """Batcher → workers: JetStream work-queue subject for micro-batches."""
+        return (
+            f"{self.prefix}.batch.{subject_token(pool)}."
+            f"{subject_token(model)}.{subject_token(version)}"
+        )
+
+    @property
+    def batch_all(self) -> str:
+        """Subjects captured by the micro-batch stream."""
+        return f"{self.prefix}.batch.>"
+
+    def gen(self, model: str, version: str) -> str:
+        """Router → generative workers (skips the batcher)."""
+        return f"{self.prefix}.gen.{subject_token(model)}.{subject_token(version)}"
+
+    def reply_inbox(self, instance: str) -> str:
+        """Prefix of reply subjects owned by one gateway instance."""
+        return f"{self.prefix}.reply.{subject_token(instance)}"
+
+    # --- control plane -------------------------------------------------------
+    def events(self, model: str) -> str:
+        """Registry lifecycle events for one model."""
+        return f"{self.prefix}.events.registry.{subject_token(model)}"
+
+    @property
+    def events_all(self) -> str:
+        """Wildcard for every registry event."""
+        return f"{self.prefix}.events.registry.*"
+
+    @property
+    def batch_stream(self) -> str:
+        """JetStream stream holding micro-batches (work-queue retention)."""
+        return f"{self.prefix.upper().replace('-', '_')}_BATCHES"
+
+    @property
+    def audit_stream(self) -> str:
+        """JetStream stream holding the audit trail."""
+        return f"{self.prefix.upper().replace('-', '_')}_AUDIT"
+
+    def batch_consumer(self, pool: str, model: str, version: str) -> str:
+        """Durable pull consumer shared by the workers of one pool/model/version."""
+        return f"w_{subject_token(pool)}__{subject_token(model)}__{subject_token(version)}"
+
+    @property
+    def routes_bucket(self) -> str:
+        """KV bucket: model → routing table."""
+        return f"{self.prefix}_routes"
+
+    @property
+    def models_bucket(self) -> str:
+        """KV bucket: model.version → deployed version (config, digest, pool)."""
+        return f"{self.prefix}_models"
+
+    @property
+    def workers_bucket(self) -> str:
+        """KV bucket: worker id → heartbeat with the versions it serves."""
+        return f"{self.prefix}_workers"
+
+    @staticmethod
+    def model_key(model: str, version: str | None = None) -> str:
+        """KV key for a model (routes) or a model version (models)."""
+        if version is None:
+            return subject_token(model)
+        return f"{subject_token(model)}.{subject_token(version)}"

@@ -1,0 +1,38 @@
+"""Registry settings (env prefix ``INFERBUS_REGISTRY_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from inferbus_common.settings import ServiceSettings
+
+
+class RegistrySettings(ServiceSettings):
+    """Settings of the registry process."""
+
+    model_config = SettingsConfigDict(env_prefix="INFERBUS_REGISTRY_", extra="forbid")
+
+    grpc_port: int = Field(default=8070, ge=0, le=65535)
+    """Registry gRPC API port; 0 = any free port."""
+    metrics_port: int = Field(default=8042, ge=0, le=65535)
+    """/metrics, /healthz, /readyz."""
+    store: Literal["local", "s3"] = "local"
+    """Where artifacts live: a local directory or an S3 endpoint (MinIO)."""
+    store_dir: Path = Path("~/.local/share/inferbus/models")
+    """Root of the local store."""
+    s3_endpoint: str = "127.0.0.1:9000"
+    """S3 endpoint host:port (MinIO or any S3-compatible server)."""
+    s3_access_key: str = ""
+    """S3 access key."""
+    s3_secret_key: str = ""
+    """S3 secret key."""
+    s3_bucket: str = "inferbus"
+    """Bucket holding `models/<name>/<version>/...`."""
+    s3_secure: bool = False
+    """Use HTTPS to reach the S3 endpoint."""
+    s3_region: str = "us-east-1"
+    """S3 region name."""

@@ -1,0 +1,31 @@
+"""Worker settings (env prefix ``INFERBUS_WORKER_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from inferbus_common.settings import ServiceSettings
+
+
+class WorkerSettings(ServiceSettings):
+    """Settings of a worker process."""
+
+    model_config = SettingsConfigDict(env_prefix="INFERBUS_WORKER_", extra="forbid")
+
+    metrics_port: int = Field(default=8032, ge=0, le=65535)
+    """/metrics, /healthz, /readyz."""
+    pool: str = "default"
+    """Worker pool this worker belongs to; it serves versions placed on it."""
+    registry_url: str = "127.0.0.1:8070"
+    """Registry gRPC address (artifacts are downloaded from it)."""
+    cache_dir: Path = Path("~/.cache/inferbus/artifacts")
+    """Local artifact cache."""
+    heartbeat_s: float = Field(default=2.0, gt=0)
+    """How often the worker writes its status to the workers bucket."""
+    ack_wait_s: float = Field(default=30.0, gt=0)
+    """JetStream ack wait of the batch consumers: a batch not acked by then is redelivered."""
+    max_deliver: int = Field(default=5, ge=1)
+    """Deliveries of one micro-batch before it is given up."""
