@@ -9,6 +9,7 @@ python=${PYTHON:-python}
 mapfile -t protos < <(cd protos && find . -name '*.proto' | sed 's|^\./||' | sort)
 "$python" -m grpc_tools.protoc -I protos \
   --python_out=src --grpc_python_out=src --pyi_out=src "${protos[@]}"
+"$python" isolate_pool.py src
 for d in $(cd protos && find . -mindepth 1 -type d | sed 's|^\./||'); do
   touch "src/$d/__init__.py"
 done

@@ -131,7 +131,11 @@ class ModelConfig(BaseModel):
         given = {t.name for t in tensors}
         if len(given) != len(tensors):
             raise InvalidArgument(f"{model}: an input is given more than once")
-        missing = [s.name for s in self.inputs if s.name not in given]
+        expected = [s.name for s in self.inputs]
+        unknown = [t.name for t in tensors if t.name not in expected]
+        if unknown:
+            raise InvalidArgument(f"{model}: unknown input(s) {unknown}; expected {expected}")
+        missing = [name for name in expected if name not in given]
         if missing:
             raise InvalidArgument(f"{model}: missing input(s) {missing}")
         batch: int | None = None
@@ -171,6 +175,4 @@ class ModelConfig(BaseModel):
         known = {s.name for s in self.outputs}
         for name in outputs:
             if name not in known:
-                raise InvalidArgument(
-                    f"{model}: unknown output '{name}'; expected {sorted(known)}"
-                )
+                raise InvalidArgument(f"{model}: unknown output '{name}'; expected {sorted(known)}")

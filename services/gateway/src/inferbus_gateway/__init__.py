@@ -1,0 +1,1 @@
+"""inferbus gateway: KServe V2 gRPC and REST front door of the platform."""

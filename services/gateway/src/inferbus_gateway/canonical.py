@@ -1,0 +1,41 @@
+"""Protocol-neutral inference request and response.
+
+The gRPC and REST layers convert their wire messages to and from these; the
+`InferenceService` sees nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inferbus_common.codec import Tensor
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """One inference request as the gateway understands it."""
+
+    model: str
+    version: str
+    id: str
+    inputs: list[Tensor]
+    outputs: list[str] = field(default_factory=list)
+    """Requested output names; empty means every output."""
+    priority: int = 0
+    timeout_s: float | None = None
+    """Relative timeout the client asked for (None: the model's default)."""
+    traceparent: str = ""
+
+
+@dataclass(slots=True)
+class InferResponse:
+    """The answer to an `InferRequest`."""
+
+    model: str
+    version: str
+    id: str
+    outputs: list[Tensor]
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    """Stage timings: gateway, queue, compute, total (milliseconds)."""
+    digest: str = ""
+    """Digest of the artifact that computed the answer."""

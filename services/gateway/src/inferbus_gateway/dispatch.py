@@ -1,0 +1,128 @@
+"""The gateway's NATS side: publish a request, wait for its single reply.
+
+Each gateway instance owns one inbox subscription (`ib.reply.<instance>.*`).
+A request gets a fresh token; its reply subject is `<inbox>.<token>`. The
+first reply for a token resolves the waiting call; later ones (redeliveries
+after a worker crash) are counted and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from prometheus_client import Counter
+
+from inferbus_common import headers as h
+from inferbus_common.codec import Tensor
+from inferbus_common.errors import DeadlineExceeded, Unavailable
+from inferbus_common.subjects import Subjects
+from inferbus_common.wire import encode_tensors
+
+DUPLICATE_REPLIES = Counter(
+    "inferbus_gateway_duplicate_replies_total",
+    "Replies dropped because the request was already answered (or given up).",
+)
+
+
+class Dispatcher:
+    """Sends requests into the platform and matches replies to callers.
+
+    Args:
+        nc: connected NATS client.
+        subjects: naming scheme.
+        instance: this gateway's unique id (names its inbox).
+    """
+
+    def __init__(self, nc: Client, subjects: Subjects, instance: str) -> None:
+        self._nc = nc
+        self._subjects = subjects
+        self._inbox = subjects.reply_inbox(instance)
+        self._pending: dict[str, asyncio.Future[Msg]] = {}
+        self._tokens = itertools.count(1)
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        """Subscribe to this instance's inbox."""
+        self._sub = await self._nc.subscribe(
+            f"{self._inbox}.*",
+            cb=self._on_reply,
+            pending_msgs_limit=1_000_000,
+            pending_bytes_limit=1 << 30,
+        )
+
+    async def stop(self) -> None:
+        """Unsubscribe; callers still waiting get UNAVAILABLE."""
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(Unavailable("gateway is shutting down"))
+        self._pending.clear()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests waiting for their reply."""
+        return len(self._pending)
+
+    async def _on_reply(self, msg: Msg) -> None:
+        token = msg.subject[len(self._inbox) + 1 :]
+        fut = self._pending.pop(token, None)
+        if fut is None or fut.done():
+            DUPLICATE_REPLIES.inc()
+            return
+        fut.set_result(msg)
+
+    async def call(
+        self,
+        model: str,
+        *,
+        version: str,
+        request_id: str,
+        tensors: list[Tensor],
+        outputs: list[str],
+        deadline_ns: int,
+        priority: int = 0,
+        traceparent: str = "",
+    ) -> Msg:
+        """Publish a request and wait for its reply until `deadline_ns`.
+
+        Raises:
+            DeadlineExceeded: no reply before the deadline.
+        """
+        token = str(next(self._tokens))
+        reply = f"{self._inbox}.{token}"
+        fut: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._pending[token] = fut
+        headers = {
+            h.REQUEST_ID: request_id,
+            h.DEADLINE: str(deadline_ns),
+            h.MODEL: model,
+            h.REPLY: reply,
+        }
+        if version:
+            headers[h.VERSION] = version
+        if outputs:
+            headers[h.OUTPUTS] = ",".join(outputs)
+        if priority:
+            headers[h.PRIORITY] = str(priority)
+        if traceparent:
+            headers[h.TRACEPARENT] = traceparent
+        try:
+            await self._nc.publish(
+                self._subjects.route(model), encode_tensors(tensors), reply=reply, headers=headers
+            )
+            remaining = h.remaining_s(deadline_ns)
+            if remaining <= 0:
+                raise TimeoutError
+            return await asyncio.wait_for(fut, remaining)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"request {request_id} for model '{model}' got no answer before its deadline"
+            ) from None
+        finally:
+            self._pending.pop(token, None)

@@ -1,0 +1,121 @@
+"""KServe V2 protobuf messages ↔ canonical request/response.
+
+Raw contents are passed through as bytes (no copy beyond protobuf's own);
+typed contents go through a table from datatype to `InferTensorContents`
+field, never an if/elif chain.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from inferbus_common.codec import Tensor, element_count, serialize_bytes
+from inferbus_common.datatypes import ALL_DATATYPES, BYTES, numpy_dtype
+from inferbus_common.errors import InvalidArgument
+from inferbus_gateway.canonical import InferRequest, InferResponse
+from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
+
+#: V2 datatype → the `InferTensorContents` field that carries it (FP16 has none).
+CONTENTS_FIELD: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def _param_value(p: pb.InferParameter) -> object:
+    kind = p.WhichOneof("parameter_choice")
+    return getattr(p, kind) if kind else None
+
+
+def _typed_to_raw(t: pb.ModelInferRequest.InferInputTensor, shape: tuple[int, ...]) -> bytes:
+    field = CONTENTS_FIELD.get(t.datatype)
+    if field is None:
+        raise InvalidArgument(
+            f"input '{t.name}': {t.datatype} has no typed contents field; send it in "
+            "raw_input_contents"
+        )
+    values = getattr(t.contents, field)
+    count = element_count(shape)
+    if len(values) != count:
+        raise InvalidArgument(
+            f"input '{t.name}': {len(values)} values in contents.{field} but shape "
+            f"{list(shape)} needs {count}"
+        )
+    if t.datatype == BYTES:
+        return serialize_bytes(list(values))
+    return np.asarray(values, dtype=numpy_dtype(t.datatype)).tobytes()
+
+
+def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> InferRequest:
+    """Canonical request from a `ModelInferRequest`.
+
+    Raises:
+        InvalidArgument: unknown datatype, raw/typed contents that don't line up.
+    """
+    raw = req.raw_input_contents
+    if raw and len(raw) != len(req.inputs):
+        raise InvalidArgument(
+            f"raw_input_contents has {len(raw)} entries but the request has "
+            f"{len(req.inputs)} inputs"
+        )
+    tensors = []
+    for i, t in enumerate(req.inputs):
+        if t.datatype not in ALL_DATATYPES:
+            raise InvalidArgument(
+                f"input '{t.name}': unknown datatype {t.datatype!r}; expected one of "
+                f"{sorted(ALL_DATATYPES)}"
+            )
+        shape = tuple(int(d) for d in t.shape)
+        if any(d < 0 for d in shape):
+            raise InvalidArgument(f"input '{t.name}': shape {list(shape)} has a negative dimension")
+        if raw:
+            if t.HasField("contents"):
+                raise InvalidArgument(
+                    f"input '{t.name}': give either raw_input_contents or contents, not both"
+                )
+            data: bytes = raw[i]
+        else:
+            data = _typed_to_raw(t, shape)
+        tensors.append(Tensor(t.name, t.datatype, shape, data))
+    priority = 0
+    timeout_override = timeout_s
+    for key, value in req.parameters.items():
+        v = _param_value(value)
+        if key == "priority" and isinstance(v, int):
+            priority = int(v)
+        elif key == "timeout" and isinstance(v, int) and v > 0:
+            # Triton's convention: the request parameter "timeout" is in microseconds.
+            t = v / 1e6
+            timeout_override = t if timeout_override is None else min(t, timeout_override)
+    return InferRequest(
+        model=req.model_name,
+        version=req.model_version,
+        id=req.id,
+        inputs=tensors,
+        outputs=[o.name for o in req.outputs],
+        priority=priority,
+        timeout_s=timeout_override,
+    )
+
+
+def response_to_proto(resp: InferResponse) -> pb.ModelInferResponse:
+    """`ModelInferResponse` with raw output contents and stage timings as parameters."""
+    out = pb.ModelInferResponse(model_name=resp.model, model_version=resp.version, id=resp.id)
+    for t in resp.outputs:
+        out.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        out.raw_output_contents.append(bytes(t.data))
+    for stage, ms in resp.timings_ms.items():
+        out.parameters[f"inferbus_{stage}_us"].int64_param = int(ms * 1000)
+    if resp.digest:
+        out.parameters["inferbus_digest"].string_param = resp.digest
+    return out

@@ -1,0 +1,93 @@
+"""`inference.GRPCInferenceService` implemented on top of `InferenceService`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from inferbus_common.errors import InferbusError, ResourceExhausted, status_of
+from inferbus_gateway.grpc_api.converters import request_from_proto, response_to_proto
+from inferbus_gateway.service import InferenceService
+from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
+from inferbus_proto.v2 import grpc_predict_v2_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+async def _guard(context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:
+    """Run a handler; map inferbus errors (and anything else) to a gRPC status."""
+    try:
+        return await fn()
+    except InferbusError as exc:
+        if isinstance(exc, ResourceExhausted):
+            context.set_trailing_metadata(
+                (("retry-after", str(max(1, round(exc.retry_after_s)))),)
+                + ((("inferbus-reason", exc.reason),) if exc.reason else ())
+            )
+        await context.abort(grpc.StatusCode[exc.code.grpc_name], exc.message)
+    except grpc.aio.AbortError:
+        raise
+    except Exception as exc:
+        log.exception("unhandled error in gRPC handler")
+        code, message = status_of(exc)
+        await context.abort(grpc.StatusCode[code.grpc_name], message)
+    raise AssertionError("unreachable")  # context.abort always raises
+
+
+class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """KServe V2 gRPC servicer."""
+
+    def __init__(self, service: InferenceService) -> None:
+        self._service = service
+
+    async def ServerLive(self, request, context):
+        """Liveness."""
+        return pb.ServerLiveResponse(live=self._service.live())
+
+    async def ServerReady(self, request, context):
+        """Readiness."""
+        return pb.ServerReadyResponse(ready=self._service.ready()[0])
+
+    async def ModelReady(self, request, context):
+        """Model readiness (unknown models are not ready)."""
+        return pb.ModelReadyResponse(ready=self._service.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request, context):
+        """Server name, version, extensions."""
+        md = self._service.server_metadata()
+        return pb.ServerMetadataResponse(
+            name=md["name"], version=md["version"], extensions=md["extensions"]
+        )
+
+    async def ModelMetadata(self, request, context):
+        """Model inputs/outputs/versions."""
+
+        async def run() -> pb.ModelMetadataResponse:
+            md = self._service.model_metadata(request.name, request.version)
+            resp = pb.ModelMetadataResponse(
+                name=md["name"], versions=md["versions"], platform=md["platform"]
+            )
+            for spec in md["inputs"]:
+                resp.inputs.add(**spec)
+            for spec in md["outputs"]:
+                resp.outputs.add(**spec)
+            return resp
+
+        return await _guard(context, run)
+
+    async def ModelInfer(self, request, context):
+        """Run one inference request."""
+
+        async def run() -> pb.ModelInferResponse:
+            canonical = request_from_proto(request, context.time_remaining())
+            for key, value in context.invocation_metadata() or ():
+                if key == "traceparent":
+                    canonical.traceparent = value
+            response = await self._service.infer(canonical, "grpc")
+            return response_to_proto(response)
+
+        return await _guard(context, run)

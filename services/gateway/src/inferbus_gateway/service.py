@@ -1,0 +1,220 @@
+"""Protocol-neutral behaviour of the gateway: health, metadata, inference."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from nats.aio.client import Client
+from prometheus_client import Counter, Histogram
+
+from inferbus_common import headers as h
+from inferbus_common.catalog import Catalog, DeployedVersion
+from inferbus_common.errors import InferbusError, InvalidArgument, NotFound, Unavailable
+from inferbus_common.replies import error_from_reply
+from inferbus_common.wire import FrameError, decode_tensors
+from inferbus_gateway.canonical import InferRequest, InferResponse
+from inferbus_gateway.dispatch import Dispatcher
+
+REQUESTS = Counter(
+    "inferbus_gateway_requests_total",
+    "Inference requests answered by the gateway.",
+    ["model", "version", "protocol", "status"],
+)
+LATENCY = Histogram(
+    "inferbus_gateway_request_duration_seconds",
+    "End-to-end latency of inference requests seen by the gateway.",
+    ["model", "protocol"],
+    buckets=(
+        0.0005,
+        0.001,
+        0.002,
+        0.003,
+        0.005,
+        0.0075,
+        0.01,
+        0.015,
+        0.02,
+        0.03,
+        0.05,
+        0.075,
+        0.1,
+        0.2,
+        0.5,
+        1.0,
+        2.5,
+        5.0,
+        10.0,
+        30.0,
+    ),
+)
+
+SERVER_EXTENSIONS = ["binary_tensor_data"]
+MAX_REQUEST_ID = 256
+
+
+class InferenceService:
+    """What the gateway does, independent of gRPC or REST.
+
+    Args:
+        nc: connected NATS client.
+        catalog: live catalog of deployed versions, routes and workers.
+        dispatcher: sends requests and collects replies.
+        server_name: reported by server metadata.
+        version: reported by server metadata.
+        default_timeout_s: deadline for requests that bring none.
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        catalog: Catalog,
+        dispatcher: Dispatcher,
+        *,
+        server_name: str,
+        version: str,
+        default_timeout_s: float,
+    ) -> None:
+        self._nc = nc
+        self._catalog = catalog
+        self._dispatcher = dispatcher
+        self.server_name = server_name
+        self.version = version
+        self._default_timeout_s = default_timeout_s
+        self.catalog_loaded = False
+
+    # --- health and metadata ---------------------------------------------------
+    def live(self) -> bool:
+        """The process is up."""
+        return True
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready to route requests: connected to NATS and the catalog is loaded."""
+        if not self._nc.is_connected:
+            return False, "not connected to NATS"
+        if not self.catalog_loaded:
+            return False, "catalog not loaded yet"
+        return True, "ok"
+
+    def server_metadata(self) -> dict[str, object]:
+        """Name, version and extensions."""
+        return {"name": self.server_name, "version": self.version, "extensions": SERVER_EXTENSIONS}
+
+    def resolve(self, model: str, version: str = "") -> DeployedVersion:
+        """The deployed version a (model, version) names.
+
+        Raises:
+            NotFound: naming the model (and version) that does not exist.
+        """
+        if not model:
+            raise InvalidArgument("a model name is required")
+        dv = self._catalog.resolve(model, version)
+        if dv is not None:
+            return dv
+        if model not in self._catalog.routes and not any(
+            m == model for m, _ in self._catalog.versions
+        ):
+            raise NotFound(f"model '{model}' is not known to this server")
+        if version:
+            route = self._catalog.routes.get(model)
+            known = route.versions if route else []
+            raise NotFound(f"model '{model}' has no version '{version}' (versions: {known})")
+        raise NotFound(f"model '{model}' has no stable version deployed")
+
+    def model_ready(self, model: str, version: str = "") -> bool:
+        """A live worker serves the model version (unknown models are not ready)."""
+        try:
+            dv = self.resolve(model, version)
+        except InferbusError:
+            return False
+        return self._catalog.version_state(dv.model, dv.version) == "ready"
+
+    def model_metadata(self, model: str, version: str = "") -> dict[str, object]:
+        """KServe V2 model metadata.
+
+        Raises:
+            NotFound: unknown model or version.
+        """
+        dv = self.resolve(model, version)
+        route = self._catalog.routes.get(model)
+        versions = route.versions if route and not version else [dv.version]
+        cfg = dv.config
+        return {
+            "name": model,
+            "versions": versions,
+            "platform": cfg.platform,
+            "inputs": [s.model_dump() for s in cfg.inputs],
+            "outputs": [s.model_dump() for s in cfg.outputs],
+        }
+
+    # --- inference -------------------------------------------------------------
+    async def infer(self, request: InferRequest, protocol: str) -> InferResponse:
+        """Validate, send into the platform and wait for the answer.
+
+        Raises:
+            InferbusError: with the status the client should see.
+        """
+        t0 = time.perf_counter()
+        label_version = request.version or ""
+        try:
+            response = await self._infer(request, t0)
+            label_version = response.version
+        except InferbusError as exc:
+            REQUESTS.labels(request.model, label_version, protocol, exc.code.name).inc()
+            raise
+        REQUESTS.labels(request.model, label_version, protocol, "OK").inc()
+        LATENCY.labels(request.model, protocol).observe(time.perf_counter() - t0)
+        return response
+
+    async def _infer(self, request: InferRequest, t0: float) -> InferResponse:
+        if len(request.id) > MAX_REQUEST_ID:
+            raise InvalidArgument(f"request id is longer than {MAX_REQUEST_ID} characters")
+        request_id = request.id or uuid.uuid4().hex
+        dv = self.resolve(request.model, request.version)
+        dv.config.validate_request(request.inputs, request.outputs)
+        state = self._catalog.version_state(dv.model, dv.version)
+        if state != "ready":
+            raise Unavailable(
+                f"model '{dv.model}' version '{dv.version}' is not ready ({state}); "
+                "check `inferbus status` and the worker logs"
+            )
+        timeout_s = request.timeout_s
+        if timeout_s is None:
+            timeout_s = dv.config.batching.default_timeout_ms / 1000.0
+            timeout_s = min(timeout_s, self._default_timeout_s)
+        deadline_ns = h.deadline_from_timeout(timeout_s)
+        t_sent = time.perf_counter()
+        msg = await self._dispatcher.call(
+            request.model,
+            version=request.version,
+            request_id=request_id,
+            tensors=request.inputs,
+            outputs=request.outputs,
+            deadline_ns=deadline_ns,
+            priority=request.priority,
+            traceparent=request.traceparent,
+        )
+        t_back = time.perf_counter()
+        err = error_from_reply(msg.headers)
+        if err is not None:
+            raise err
+        headers = msg.headers or {}
+        try:
+            outputs = decode_tensors(msg.data)
+        except FrameError:
+            raise Unavailable("a worker sent a malformed reply; see the worker logs") from None
+        if request.outputs:
+            wanted = set(request.outputs)
+            outputs = [t for t in outputs if t.name in wanted]
+        timings = h.parse_timings(headers.get(h.TIMINGS))
+        total_ms = (time.perf_counter() - t0) * 1000.0
+        timings["gateway"] = ((t_sent - t0) + (time.perf_counter() - t_back)) * 1000.0
+        timings["total"] = total_ms
+        return InferResponse(
+            model=request.model,
+            version=headers.get(h.VERSION, dv.version),
+            id=request_id,
+            outputs=outputs,
+            timings_ms=timings,
+            digest=headers.get(h.DIGEST, dv.digest),
+        )

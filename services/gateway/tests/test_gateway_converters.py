@@ -1,0 +1,104 @@
+"""KServe V2 protobuf ↔ canonical conversions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inferbus_common.codec import deserialize_bytes
+from inferbus_common.errors import InvalidArgument
+from inferbus_gateway.canonical import InferResponse
+from inferbus_gateway.grpc_api.converters import (
+    CONTENTS_FIELD,
+    request_from_proto,
+    response_to_proto,
+)
+from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
+
+TYPED = {
+    "BOOL": [True, False],
+    "INT8": [-3, 4],
+    "INT16": [-300, 4],
+    "INT32": [-70000, 4],
+    "INT64": [-(2**40), 4],
+    "UINT8": [3, 250],
+    "UINT16": [3, 60000],
+    "UINT32": [3, 4_000_000_000],
+    "UINT64": [3, 2**60],
+    "FP32": [1.5, -2.25],
+    "FP64": [1.5, -2.25],
+}
+
+
+@pytest.mark.parametrize("datatype", sorted(TYPED))
+def test_typed_contents_become_raw_bytes(datatype: str) -> None:
+    values = TYPED[datatype]
+    req = pb.ModelInferRequest(model_name="m")
+    t = req.inputs.add(name="x", datatype=datatype, shape=[1, 2])
+    getattr(t.contents, CONTENTS_FIELD[datatype]).extend(values)
+    canonical = request_from_proto(req, None)
+    got = canonical.inputs[0].as_numpy()
+    assert got.shape == (1, 2)
+    assert got.reshape(-1).tolist() == values
+
+
+def test_typed_bytes_contents() -> None:
+    req = pb.ModelInferRequest(model_name="m")
+    t = req.inputs.add(name="s", datatype="BYTES", shape=[2])
+    t.contents.bytes_contents.extend([b"ab", b""])
+    canonical = request_from_proto(req, None)
+    assert deserialize_bytes(canonical.inputs[0].data) == [b"ab", b""]
+
+
+def test_raw_contents_pass_through_and_parameters() -> None:
+    arr = np.arange(6, dtype=np.float16).reshape(2, 3)
+    req = pb.ModelInferRequest(model_name="m", model_version="2", id="abc")
+    req.inputs.add(name="x", datatype="FP16", shape=[2, 3])
+    req.raw_input_contents.append(arr.tobytes())
+    req.outputs.add(name="y")
+    req.parameters["priority"].uint64_param = 2
+    req.parameters["timeout"].int64_param = 250_000
+    canonical = request_from_proto(req, 5.0)
+    assert np.array_equal(canonical.inputs[0].as_numpy(), arr)
+    assert canonical.outputs == ["y"]
+    assert canonical.priority == 2
+    assert canonical.timeout_s == pytest.approx(0.25)
+    assert (canonical.model, canonical.version, canonical.id) == ("m", "2", "abc")
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda r: r.inputs.add(name="x", datatype="FP17", shape=[1]), "unknown datatype"),
+        (
+            lambda r: r.inputs.add(name="x", datatype="FP16", shape=[1]),
+            "no typed contents field",
+        ),
+        (
+            lambda r: r.inputs.add(
+                name="x", datatype="FP32", shape=[1, 3]
+            ).contents.fp32_contents.extend([1.0]),
+            "needs 3",
+        ),
+        (lambda r: r.raw_input_contents.append(b"1234"), "raw_input_contents has 1 entries"),
+    ],
+)
+def test_malformed_requests_are_invalid_argument(build, message: str) -> None:
+    req = pb.ModelInferRequest(model_name="m")
+    build(req)
+    with pytest.raises(InvalidArgument, match=message):
+        request_from_proto(req, None)
+
+
+def test_response_has_raw_outputs_and_timings() -> None:
+    y = np.array([[0.25, 0.75]], dtype=np.float32)
+    from inferbus_common.codec import tensor_from_numpy
+
+    resp = InferResponse(
+        "m", "1", "id1", [tensor_from_numpy("y", y)], {"queue": 0.5, "total": 2.0}, "d1"
+    )
+    out = response_to_proto(resp)
+    assert out.outputs[0].shape == [1, 2]
+    assert np.frombuffer(out.raw_output_contents[0], dtype=np.float32).tolist() == [0.25, 0.75]
+    assert out.parameters["inferbus_queue_us"].int64_param == 500
+    assert out.parameters["inferbus_digest"].string_param == "d1"

@@ -1,0 +1,59 @@
+"""Entry point: ``python -m inferbus_router``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from inferbus_common import lifecycle, ops
+from inferbus_common.bus import connect
+from inferbus_common.catalog import Catalog
+from inferbus_common.logs import setup_logging
+from inferbus_common.subjects import Subjects
+from inferbus_router.router import Router
+from inferbus_router.settings import RouterSettings
+
+log = logging.getLogger("inferbus_router")
+
+
+async def serve(settings: RouterSettings) -> None:
+    """Run the router until SIGTERM/SIGINT, then drain."""
+    stop = lifecycle.stop_event_on_signals()
+    instance = settings.instance_id or lifecycle.default_instance_id("router")
+    subjects = Subjects(settings.subject_prefix)
+    nc = await connect(settings.nats_url, instance)
+    loaded = False
+
+    def ready() -> tuple[bool, str]:
+        if not nc.is_connected:
+            return False, "not connected to NATS"
+        if not loaded:
+            return False, "catalog not loaded"
+        return True, "ok"
+
+    try:
+        async with Catalog(nc.jetstream(), subjects) as catalog:
+            await catalog.wait_loaded()
+            loaded = True
+            router = Router(nc, catalog, subjects, settings.queue_group)
+            sock = ops.bind_socket(settings.host, settings.metrics_port)
+            async with ops.serve_http(ops.ops_app(ready), sock):
+                await router.start()
+                ops.write_ports_file(settings.ports_file, {"metrics": sock.getsockname()[1]})
+                log.info("router serving", extra={"port": sock.getsockname()[1]})
+                await stop.wait()
+                log.info("router draining")
+                await asyncio.wait_for(router.drain(), settings.drain_timeout_s)
+    finally:
+        await nc.drain()
+
+
+def main() -> None:
+    """Build settings once, set up logging and run the router."""
+    settings = RouterSettings()
+    setup_logging("router", settings.log_level, settings.log_format)
+    lifecycle.run(lambda: serve(settings), use_uvloop=settings.use_uvloop)
+
+
+if __name__ == "__main__":
+    main()
