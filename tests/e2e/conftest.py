@@ -36,6 +36,20 @@ class Stack:
     model_dir: Path
     base: Path
     env: dict[str, str] = field(default_factory=dict)
+    module_env: dict[str, str] = field(default_factory=dict)
+
+    def metrics(self, proc: ServiceProcess) -> dict[str, float]:
+        """Scrape a service's /metrics into {"name{label=value,...}": value}."""
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(f"http://127.0.0.1:{proc.ports['metrics']}/metrics").text
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                out[f"{sample.name}{{{labels}}}"] = sample.value
+        return out
 
     @property
     def grpc_url(self) -> str:
@@ -63,6 +77,7 @@ class Stack:
                 "INFERBUS_WORKER_REGISTRY_URL": self.registry_url,
                 "INFERBUS_WORKER_CACHE_DIR": str(self.base / f"cache-{name}"),
                 "INFERBUS_WORKER_METRICS_PORT": "0",
+                **self.module_env,
             },
             log_dir=self.base,
         )
@@ -104,9 +119,16 @@ def wait_model_ready(grpc_url: str, model: str, timeout: float = 60.0) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A full stack serving the fraud model (two workers)."""
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """A full stack serving the fraud model (two workers).
+
+    A test module may set ``STACK_ENV`` (a dict of environment variables) to
+    configure every service of its stack, e.g. a short worker ack wait.
+    """
     base = tmp_path_factory.mktemp("stack")
+    module_env: dict[str, str] = getattr(request.module, "STACK_ENV", {})
     model_dir = make_fraud_model(base / "fraud-model")
     env = {"INFERBUS_LOG_LEVEL": "INFO"}
     procs: list[ServiceProcess] = []
@@ -122,6 +144,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 env={
                     f"{prefix}NATS_URL": nats.url,
                     f"{prefix}METRICS_PORT": "0",
+                    **module_env,
                     **extra,
                 },
                 log_dir=base,
@@ -158,7 +181,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         for proc in procs:
             proc.wait_ready()
         asyncio.run(_push(registry_url, model_dir))
-        st = Stack(nats, registry, router, batcher, workers, gateway, model_dir, base, env)
+        st = Stack(
+            nats, registry, router, batcher, workers, gateway, model_dir, base, env, module_env
+        )
         wait_model_ready(st.grpc_url, "fraud")
         yield st
     finally:

@@ -38,6 +38,7 @@ async def serve(settings: GatewaySettings) -> None:
                 server_name=settings.server_name,
                 version=__version__,
                 default_timeout_s=settings.default_timeout_s,
+                idempotency_window_s=settings.idempotency_window_s,
             )
             await catalog.wait_loaded()
             service.catalog_loaded = True

@@ -15,6 +15,7 @@ from inferbus_common.replies import error_from_reply
 from inferbus_common.wire import FrameError, decode_tensors
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.dispatch import Dispatcher
+from inferbus_gateway.idempotency import IdempotencyCache
 
 REQUESTS = Counter(
     "inferbus_gateway_requests_total",
@@ -63,6 +64,7 @@ class InferenceService:
         server_name: reported by server metadata.
         version: reported by server metadata.
         default_timeout_s: deadline for requests that bring none.
+        idempotency_window_s: how long a retried request id replays its answer.
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class InferenceService:
         server_name: str,
         version: str,
         default_timeout_s: float,
+        idempotency_window_s: float = 30.0,
     ) -> None:
         self._nc = nc
         self._catalog = catalog
@@ -82,6 +85,7 @@ class InferenceService:
         self.version = version
         self._default_timeout_s = default_timeout_s
         self.catalog_loaded = False
+        self._idempotency = IdempotencyCache(idempotency_window_s)
 
     # --- health and metadata ---------------------------------------------------
     def live(self) -> bool:
@@ -157,7 +161,7 @@ class InferenceService:
         t0 = time.perf_counter()
         label_version = request.version or ""
         try:
-            response = await self._infer(request, t0)
+            response = await self._idempotency.run(request, lambda: self._infer(request, t0))
             label_version = response.version
         except InferbusError as exc:
             REQUESTS.labels(request.model, label_version, protocol, exc.code.name).inc()

@@ -25,5 +25,8 @@ class GatewaySettings(ServiceSettings):
     """Largest request accepted (gRPC message or HTTP body)."""
     redis_url: str = ""
     """Redis for cluster-wide limits and quotas; empty disables them."""
+    idempotency_window_s: float = Field(default=30.0, ge=0)
+    """A retry with the same request id and inputs within this window gets the
+    first answer instead of being computed again (0 disables)."""
     server_name: str = "inferbus"
     """Name reported by ServerMetadata."""

@@ -82,6 +82,7 @@ def rest_app(service: InferenceService, max_body_bytes: int) -> Starlette:
             req, binary_outputs, binary_all = request_from_http(
                 p["model"], p.get("version", ""), body, header_length, timeout_s
             )
+            req.traceparent = request.headers.get("traceparent", "")
             resp = await service.infer(req, "http")
             payload, json_len = response_to_http(resp, binary_outputs, binary_all)
         except InferbusError as exc:
