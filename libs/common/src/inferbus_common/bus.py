@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 import nats
+import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -48,12 +51,15 @@ async def ensure_batch_stream(
     storage: str = "memory",
     max_bytes: int = 1 << 30,
     max_msgs: int = 1_000_000,
+    max_msgs_per_subject: int = 1024,
 ) -> None:
     """Create the micro-batch work-queue stream if it does not exist.
 
     Work-queue retention deletes a message once a consumer acks it; new
     messages are refused (not old ones dropped) when the stream is full, so the
-    batcher sees the overload and answers it.
+    batcher sees the overload and answers it. The per-subject bound (one
+    subject per pool/model/version) keeps one model's backlog from filling the
+    stream for everyone: its own batches are refused first.
     """
     config = StreamConfig(
         name=subjects.batch_stream,
@@ -63,6 +69,8 @@ async def ensure_batch_stream(
         discard=DiscardPolicy.NEW,
         max_bytes=max_bytes,
         max_msgs=max_msgs,
+        max_msgs_per_subject=max_msgs_per_subject,
+        discard_new_per_subject=True,
         duplicate_window=120.0,
     )
     try:
@@ -73,3 +81,22 @@ async def ensure_batch_stream(
         except nats.js.errors.BadRequestError:
             # Another service created it between our check and our create.
             await js.stream_info(subjects.batch_stream)
+
+
+async def shutdown(nc: Client, timeout_s: float = 5.0) -> None:
+    """Drain a connection, but never wait longer than `timeout_s`.
+
+    `drain` flushes through the server; with the server gone the client keeps
+    reconnecting and `drain` would wait forever, so a SIGTERM would never end
+    the process. After the timeout the connection is closed without flushing.
+    """
+    if nc.is_closed:
+        return
+    try:
+        await asyncio.wait_for(nc.drain(), timeout_s)
+    except (TimeoutError, nats.errors.Error, RuntimeError, OSError) as exc:
+        log.warning("nats drain did not finish (%s); closing", type(exc).__name__)
+    if not nc.is_closed:
+        # The transport may already be gone; closing is best effort here.
+        with contextlib.suppress(nats.errors.Error, RuntimeError, OSError):
+            await nc.close()

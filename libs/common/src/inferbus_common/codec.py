@@ -155,7 +155,8 @@ def numpy_to_raw(array: np.ndarray) -> tuple[str, tuple[int, ...], bytes | memor
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     array = np.ascontiguousarray(array)
-    return datatype, shape, memoryview(array).cast("B")
+    # Flatten first (a view, no copy): memoryview.cast refuses shapes with a 0 dim.
+    return datatype, shape, memoryview(array.reshape(-1)).cast("B")
 
 
 def tensor_from_numpy(name: str, array: np.ndarray) -> Tensor:

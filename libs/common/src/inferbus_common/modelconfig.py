@@ -8,7 +8,7 @@ by the worker to build the engine.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -78,6 +78,33 @@ class EngineConfig(BaseModel):
     inter_op_threads: int = Field(default=1, ge=0)
 
 
+class FallbackConfig(BaseModel):
+    """What the gateway may answer when the model cannot (breaker open, overload, outage).
+
+    Exactly one of `outputs` (a fixed answer) or `model` (a backup model) is set.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    outputs: dict[str, list[Any]] | None = None
+    """Fixed answer: output name → the values of ONE batch row, flattened row-major
+    (for ``max_batch_size == 0`` models, the whole tensor); repeated for every row."""
+    model: str | None = None
+    """Backup model to send the request to instead."""
+    version: str | None = None
+    """Version of the backup model (empty: its stable version)."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> FallbackConfig:
+        if (self.outputs is None) == (self.model is None):
+            raise ValueError("fallback needs exactly one of 'outputs' or 'model'")
+        if self.version is not None and self.model is None:
+            raise ValueError("fallback 'version' needs 'model'")
+        if self.outputs is not None and not self.outputs:
+            raise ValueError("fallback 'outputs' must name at least one output")
+        return self
+
+
 class ModelConfig(BaseModel):
     """The `config.json` of one model version."""
 
@@ -98,6 +125,8 @@ class ModelConfig(BaseModel):
     """Concurrent executions of the model per worker."""
     pool: str = "default"
     """Worker pool the version is placed on."""
+    fallback: FallbackConfig | None = None
+    """Degraded answer used by the gateway when the model cannot answer; None: none."""
 
     @model_validator(mode="after")
     def _batch_axis(self) -> ModelConfig:
@@ -111,6 +140,11 @@ class ModelConfig(BaseModel):
         names = [s.name for s in self.inputs]
         if len(set(names)) != len(names):
             raise ValueError("input names must be unique")
+        if self.fallback is not None and self.fallback.outputs is not None:
+            known = {s.name for s in self.outputs}
+            unknown = sorted(set(self.fallback.outputs) - known)
+            if unknown:
+                raise ValueError(f"fallback outputs {unknown} are not outputs of the model")
         return self
 
     def input_spec(self, name: str) -> TensorSpec | None:

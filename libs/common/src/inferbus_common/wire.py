@@ -96,6 +96,8 @@ def _decode_tensors_at(view: memoryview, offset: int) -> tuple[list[Tensor], int
         return tensors, offset
     except struct.error as exc:
         raise FrameError(f"truncated tensor frame: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise FrameError(f"tensor name is not valid UTF-8: {exc}") from None
 
 
 def decode_tensors(data: Buffer) -> list[Tensor]:

@@ -23,3 +23,16 @@ class BatcherSettings(ServiceSettings):
     """Storage of the micro-batch stream when the batcher creates it."""
     stream_max_bytes: int = Field(default=1 << 30, ge=1 << 20)
     """Size bound of the micro-batch stream."""
+    max_outstanding_publishes: int = Field(default=64, ge=1)
+    """Micro-batch publishes awaiting their JetStream ack at once; beyond it,
+    ready batches wait in their queue (which then fills and answers
+    RESOURCE_EXHAUSTED)."""
+    publish_timeout_s: float = Field(default=2.0, gt=0)
+    """How long one publish waits for its JetStream ack."""
+    publish_attempts: int = Field(default=3, ge=1)
+    """Publishes of one micro-batch before giving up on timeouts; retries
+    reuse the `Nats-Msg-Id`, so JetStream stores the batch at most once."""
+    pending_msgs_limit: int = Field(default=65_536, ge=1)
+    """Incoming requests buffered by the NATS client before it drops (slow consumer)."""
+    pending_bytes_limit: int = Field(default=256 * 1024 * 1024, ge=1 << 20)
+    """Bytes of incoming requests buffered by the NATS client."""

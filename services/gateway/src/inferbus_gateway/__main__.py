@@ -7,7 +7,7 @@ import logging
 import grpc
 
 from inferbus_common import __version__, lifecycle, ops
-from inferbus_common.bus import connect
+from inferbus_common.bus import connect, shutdown
 from inferbus_common.catalog import Catalog
 from inferbus_common.logs import setup_logging
 from inferbus_common.subjects import Subjects
@@ -78,7 +78,7 @@ async def serve(settings: GatewaySettings) -> None:
             finally:
                 await dispatcher.stop()
     finally:
-        await nc.drain()
+        await shutdown(nc, settings.drain_timeout_s)
 
 
 def main() -> None:

@@ -36,3 +36,13 @@ class RegistrySettings(ServiceSettings):
     """Use HTTPS to reach the S3 endpoint."""
     s3_region: str = "us-east-1"
     """S3 region name."""
+    spool_dir: Path | None = None
+    """Where pushed files wait while being checked (default: the system temp dir).
+    It needs room for the largest push."""
+    max_push_bytes: int = Field(default=16 << 30, ge=1)
+    """A push sending more bytes than this is refused with INVALID_ARGUMENT."""
+    grpc_max_message_bytes: int = Field(default=64 << 20, ge=16 << 20)
+    """Largest gRPC message sent or received (at least 16 MiB)."""
+    store_probe_interval_s: float = Field(default=10.0, gt=0)
+    """How often the store's reachability (for /readyz) and NATS reconnects (to republish
+    the catalog) are checked."""

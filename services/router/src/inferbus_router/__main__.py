@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from inferbus_common import lifecycle, ops
-from inferbus_common.bus import connect
+from inferbus_common.bus import connect, shutdown
 from inferbus_common.catalog import Catalog
 from inferbus_common.logs import setup_logging
 from inferbus_common.subjects import Subjects
@@ -43,9 +43,12 @@ async def serve(settings: RouterSettings) -> None:
                 log.info("router serving", extra={"port": sock.getsockname()[1]})
                 await stop.wait()
                 log.info("router draining")
-                await asyncio.wait_for(router.drain(), settings.drain_timeout_s)
+                try:
+                    await asyncio.wait_for(router.drain(), settings.drain_timeout_s)
+                except TimeoutError:
+                    log.warning("router drain timed out; closing")
     finally:
-        await nc.drain()
+        await shutdown(nc, settings.drain_timeout_s)
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""One module per `inferbus` subcommand; each exposes ``run(args) -> exit code``."""

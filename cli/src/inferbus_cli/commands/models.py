@@ -1,0 +1,255 @@
+"""``inferbus models push|list|get|alias|wait``: the registry and model readiness."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from pydantic import ValidationError
+
+from inferbus_cli.rpc import inference_stub, open_channel, registry_stub, rpc_error_text
+from inferbus_cli.state import default_gateway_address, default_registry_address, resolve_home
+from inferbus_cli.table import format_table
+from inferbus_common.modelconfig import ModelConfig
+from inferbus_proto.registry import registry_pb2 as rpb
+from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
+
+#: Size of one file chunk in PushVersion.
+CHUNK_BYTES = 1 << 20
+#: Files of a version directory the registry writes itself, never uploaded.
+NOT_UPLOADED = frozenset({"config.json", "manifest.json"})
+
+
+class PushError(Exception):
+    """The files to push are not usable (said before anything is sent)."""
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 1
+
+
+def collect_files(path: Path, config: Path | None) -> tuple[bytes, list[tuple[str, Path]]]:
+    """The config bytes and ``(path in version, local file)`` pairs to upload.
+
+    `path` is a version directory (``config.json`` plus the artifact files, any
+    depth; hidden files are skipped) or a single model file pushed with a
+    separate `config`; a single file is stored under the config's ``file``
+    name (``model.onnx`` by default).
+
+    Raises:
+        PushError: a file is missing, the config is invalid, or the artifact the
+            config names is not among the files.
+    """
+    if path.is_dir():
+        config_path = config or path / "config.json"
+        if not config_path.is_file():
+            raise PushError(f"{config_path} not found (a version directory needs config.json)")
+        files = sorted(
+            (p.relative_to(path).as_posix(), p)
+            for p in path.rglob("*")
+            if p.is_file()
+            and p.relative_to(path).as_posix() not in NOT_UPLOADED
+            # Hidden files (.gitignore, editor swap files) are not part of a model.
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
+    elif path.is_file():
+        if config is None:
+            raise PushError(f"{path} is a single file: give its config with --config config.json")
+        config_path = config
+        if not config_path.is_file():
+            raise PushError(f"{config_path} not found")
+        files = []
+    else:
+        raise PushError(f"{path} does not exist")
+    config_bytes = config_path.read_bytes()
+    try:
+        parsed = ModelConfig.model_validate_json(config_bytes)
+    except ValidationError as exc:
+        raise PushError(f"{config_path} is not a valid model config:\n{exc}") from exc
+    if path.is_file():
+        files = [(parsed.file, path)]
+    names = {name for name, _ in files}
+    if parsed.file not in names and not any(n.startswith(parsed.file + "/") for n in names):
+        raise PushError(f"the config names artifact {parsed.file!r} but {path} does not hold it")
+    return config_bytes, files
+
+
+def push_messages(
+    model: str,
+    version: str,
+    config_bytes: bytes,
+    aliases: list[str],
+    files: list[tuple[str, Path]],
+) -> Iterator[rpb.PushChunk]:
+    """The PushVersion stream: the header, then every file in 1 MiB chunks."""
+    yield rpb.PushChunk(
+        header=rpb.PushHeader(
+            model=model, version=version, config_json=config_bytes, aliases=aliases
+        )
+    )
+    for name, local in files:
+        with open(local, "rb") as f:
+            sent = False
+            while chunk := f.read(CHUNK_BYTES):
+                yield rpb.PushChunk(chunk=rpb.FileChunk(path=name, data=chunk))
+                sent = True
+            if not sent:
+                # An empty file still has to exist in the version.
+                yield rpb.PushChunk(chunk=rpb.FileChunk(path=name, data=b""))
+
+
+def version_to_json(info: rpb.VersionInfo) -> dict[str, Any]:
+    """A VersionInfo as a JSON-ready dict (config and manifest parsed)."""
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            return raw.decode("utf-8", errors="replace")
+
+    return {
+        "model": info.model,
+        "version": info.version,
+        "digest": info.digest,
+        "aliases": list(info.aliases),
+        "created_unix_ms": info.created_unix_ms,
+        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in info.files],
+        "config": parse(info.config_json),
+        "manifest": parse(info.manifest_json),
+    }
+
+
+def model_to_json(info: rpb.ModelInfo) -> dict[str, Any]:
+    """A ModelInfo as a JSON-ready dict."""
+    return {"name": info.name, "versions": list(info.versions), "aliases": dict(info.aliases)}
+
+
+def _registry_address(args: argparse.Namespace) -> str:
+    return args.registry or default_registry_address(resolve_home(args.home))
+
+
+def run_push(args: argparse.Namespace) -> int:
+    """Upload a version; print its digest."""
+    address = _registry_address(args)
+    try:
+        config_bytes, files = collect_files(
+            Path(args.path), Path(args.config) if args.config else None
+        )
+    except PushError as exc:
+        return _fail(str(exc))
+    total = sum(p.stat().st_size for _, p in files)
+    print(
+        f"pushing {args.name} version {args.version} ({len(files)} file(s), {total} bytes) "
+        f"to {address}",
+        file=sys.stderr,
+    )
+    with open_channel(address) as channel:
+        try:
+            info = registry_stub(channel).PushVersion(
+                push_messages(args.name, args.version, config_bytes, args.alias, files),
+                timeout=args.timeout,
+            )
+        except grpc.RpcError as exc:
+            return _fail(f"PushVersion: {rpc_error_text(exc, address)}")
+    if args.json:
+        print(json.dumps(version_to_json(info), indent=2))
+    else:
+        aliases = ", ".join(info.aliases) or "-"
+        print(f"pushed {info.model} version {info.version} (aliases: {aliases})")
+        print(f"digest: {info.digest}")
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    """List every model with its versions and aliases."""
+    address = _registry_address(args)
+    with open_channel(address) as channel:
+        try:
+            resp = registry_stub(channel).ListModels(rpb.ListModelsRequest(), timeout=args.timeout)
+        except grpc.RpcError as exc:
+            return _fail(f"ListModels: {rpc_error_text(exc, address)}")
+    models = [model_to_json(m) for m in resp.models]
+    if args.json:
+        print(json.dumps(models, indent=2))
+        return 0
+    if not models:
+        print("no models (push one with `inferbus models push`)")
+        return 0
+    rows = [
+        [
+            m["name"],
+            ",".join(m["versions"]) or "-",
+            ",".join(f"{a}={v}" for a, v in sorted(m["aliases"].items())) or "-",
+        ]
+        for m in models
+    ]
+    print(format_table(["MODEL", "VERSIONS", "ALIASES"], rows))
+    return 0
+
+
+def run_get(args: argparse.Namespace) -> int:
+    """Print one version (number or alias; default `stable`) as JSON."""
+    address = _registry_address(args)
+    with open_channel(address) as channel:
+        try:
+            info = registry_stub(channel).GetVersion(
+                rpb.GetVersionRequest(model=args.name, version=args.version or ""),
+                timeout=args.timeout,
+            )
+        except grpc.RpcError as exc:
+            return _fail(f"GetVersion {args.name}: {rpc_error_text(exc, address)}")
+    print(json.dumps(version_to_json(info), indent=2))
+    return 0
+
+
+def run_alias(args: argparse.Namespace) -> int:
+    """Point an alias at a version."""
+    address = _registry_address(args)
+    with open_channel(address) as channel:
+        try:
+            info = registry_stub(channel).SetAlias(
+                rpb.SetAliasRequest(model=args.name, alias=args.alias, version=args.version),
+                timeout=args.timeout,
+            )
+        except grpc.RpcError as exc:
+            return _fail(f"SetAlias {args.name}: {rpc_error_text(exc, address)}")
+    aliases = ", ".join(f"{a}={v}" for a, v in sorted(info.aliases.items())) or "-"
+    print(f"{info.name}: aliases {aliases}")
+    return 0
+
+
+def run_wait(args: argparse.Namespace) -> int:
+    """Poll the gateway's ModelReady until the model is ready or the timeout passes."""
+    home = resolve_home(args.home)
+    address = args.url or default_gateway_address(home)
+    deadline = time.monotonic() + args.timeout
+    last = "not asked yet"
+    with open_channel(address) as channel:
+        stub = inference_stub(channel)
+        while True:
+            try:
+                resp = stub.ModelReady(
+                    pb.ModelReadyRequest(name=args.name, version=args.version or ""), timeout=2.0
+                )
+            except grpc.RpcError as exc:
+                last = rpc_error_text(exc, address)
+            else:
+                if resp.ready:
+                    label = f"{args.name} version {args.version}" if args.version else args.name
+                    print(f"{label} is ready")
+                    return 0
+                last = "ModelReady answered ready=false"
+            if time.monotonic() > deadline:
+                return _fail(
+                    f"{args.name} is not ready after {args.timeout:g}s (last answer: {last}); "
+                    f"look at the worker and registry logs in {home / 'logs'} "
+                    f"(e.g. tail {home / 'logs' / 'worker-1.log'})"
+                )
+            time.sleep(args.interval)

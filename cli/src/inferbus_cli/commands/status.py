@@ -1,0 +1,157 @@
+"""``inferbus status``: every process of the stack and every model's readiness."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import grpc
+
+from inferbus_cli.rpc import inference_stub, open_channel, registry_stub, rpc_error_text
+from inferbus_cli.state import StackState, is_alive, last_log_lines, load_state, resolve_home
+from inferbus_cli.supervisor import describe_exit
+from inferbus_cli.table import format_table
+from inferbus_proto.registry import registry_pb2 as rpb
+from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
+
+RPC_TIMEOUT_S = 3.0
+
+
+def process_rows(state: StackState) -> list[dict[str, Any]]:
+    """One dict per process: name, pid, alive, ports, log and, when dead, a hint."""
+    rows = []
+    for proc in state.processes:
+        alive = is_alive(proc.pid, proc.start_ticks)
+        row: dict[str, Any] = {
+            "name": proc.name,
+            "pid": proc.pid,
+            "alive": alive,
+            "ports": proc.ports,
+            "log": proc.log,
+        }
+        if not alive:
+            hint = describe_exit(proc.exit_code) if proc.exit_code is not None else "not running"
+            tail = last_log_lines(proc.log, 1)
+            row["hint"] = hint + (f"; last log line: {tail[0]}" if tail else "")
+        rows.append(row)
+    return rows
+
+
+def model_rows(state: StackState) -> tuple[list[dict[str, Any]], list[str]]:
+    """Models from the registry with the gateway's readiness; plus any errors."""
+    errors: list[str] = []
+    registry = state.endpoints.get("registry")
+    gateway = state.endpoints.get("gateway_grpc")
+    if not registry:
+        return [], ["the state has no registry address"]
+    with open_channel(registry) as channel:
+        try:
+            listed = registry_stub(channel).ListModels(
+                rpb.ListModelsRequest(), timeout=RPC_TIMEOUT_S
+            )
+        except grpc.RpcError as exc:
+            return [], [f"registry ListModels: {rpc_error_text(exc, registry)}"]
+    rows = [
+        {
+            "name": m.name,
+            "versions": list(m.versions),
+            "aliases": dict(m.aliases),
+            "ready": None,
+            "versions_ready": {},
+        }
+        for m in listed.models
+    ]
+    if not gateway:
+        return rows, ["the state has no gateway address"]
+    with open_channel(gateway) as channel:
+        stub = inference_stub(channel)
+        for row in rows:
+            try:
+                row["ready"] = stub.ModelReady(
+                    pb.ModelReadyRequest(name=row["name"]), timeout=RPC_TIMEOUT_S
+                ).ready
+                for version in row["versions"]:
+                    row["versions_ready"][version] = stub.ModelReady(
+                        pb.ModelReadyRequest(name=row["name"], version=version),
+                        timeout=RPC_TIMEOUT_S,
+                    ).ready
+            except grpc.RpcError as exc:
+                errors.append(f"gateway ModelReady {row['name']}: {rpc_error_text(exc, gateway)}")
+                break
+    return rows, errors
+
+
+def _ports_text(ports: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in ports.items()) or "-"
+
+
+def _shorten(text: str, width: int = 140) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _yes_no(value: bool | None) -> str:
+    return "?" if value is None else ("yes" if value else "no")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the stack's status; exit 1 when a process is down or unreachable."""
+    home = resolve_home(args.home)
+    try:
+        state = load_state(home)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if state is None:
+        if args.json:
+            print(json.dumps({"home": str(home), "running": False}))
+        else:
+            print(f"not running: no state.json in {home} (start with `inferbus up`)")
+        return 1
+    procs = process_rows(state)
+    models, errors = model_rows(state)
+    down = [p["name"] for p in procs if not p["alive"]]
+    healthy = not down and not errors
+    if args.json:
+        doc = {
+            "home": str(home),
+            "running": True,
+            "healthy": healthy,
+            "processes": procs,
+            "models": models,
+            "endpoints": state.endpoints,
+            "errors": errors,
+        }
+        print(json.dumps(doc, indent=2))
+        return 0 if healthy else 1
+    rows = [
+        [
+            p["name"],
+            p["pid"],
+            "alive" if p["alive"] else "DEAD",
+            _ports_text(p["ports"]) if p["alive"] else _shorten(p.get("hint", "")),
+        ]
+        for p in procs
+    ]
+    print(format_table(["PROCESS", "PID", "STATE", "PORTS"], rows))
+    print()
+    if models:
+        mrows = [
+            [
+                m["name"],
+                ",".join(m["versions"]) or "-",
+                ",".join(f"{a}={v}" for a, v in sorted(m["aliases"].items())) or "-",
+                _yes_no(m["ready"]),
+                " ".join(f"{v}:{_yes_no(r)}" for v, r in m["versions_ready"].items()) or "-",
+            ]
+            for m in models
+        ]
+        print(format_table(["MODEL", "VERSIONS", "ALIASES", "READY", "VERSIONS READY"], mrows))
+    elif not errors:
+        print("no models (push one with `inferbus models push`)")
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
+    if down:
+        print(f"down: {', '.join(down)} (logs in {home / 'logs'})", file=sys.stderr)
+    return 0 if healthy else 1

@@ -1,0 +1,283 @@
+"""What `inferbus up` starts: the options, the order, each process's command and env.
+
+Pure functions: building a plan starts nothing. Services are configured only by
+environment variables (``INFERBUS_<SERVICE>_...``, see each service's
+``settings.py``); the addresses of NATS, Redis and the registry are only known
+once those run (they may bind port 0), so each spec is built just before its
+process starts, from the endpoints learnt so far.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from inferbus_cli.probes import PortClaim
+
+#: service name → (python module, env prefix).
+SERVICE_MODULES: dict[str, tuple[str, str]] = {
+    "registry": ("inferbus_registry", "INFERBUS_REGISTRY_"),
+    "router": ("inferbus_router", "INFERBUS_ROUTER_"),
+    "batcher": ("inferbus_batcher", "INFERBUS_BATCHER_"),
+    "worker": ("inferbus_worker", "INFERBUS_WORKER_"),
+    "gateway": ("inferbus_gateway", "INFERBUS_GATEWAY_"),
+}
+
+
+@dataclass(slots=True)
+class Ports:
+    """Ports of the stack; 0 lets the process pick a free one.
+
+    Defaults follow docs/architecture.md. Workers use ``worker_metrics + i``.
+    """
+
+    nats: int = 4222
+    nats_monitor: int = 8222
+    redis: int = 6379
+    gateway_http: int = 8000
+    gateway_grpc: int = 8001
+    gateway_metrics: int = 8002
+    router_metrics: int = 8012
+    batcher_metrics: int = 8022
+    worker_metrics: int = 8032
+    registry_grpc: int = 8070
+    registry_metrics: int = 8042
+
+    def worker_metrics_port(self, index: int) -> int:
+        """Metrics port of worker `index` (0-based); 0 stays 0."""
+        return self.worker_metrics + index if self.worker_metrics else 0
+
+
+@dataclass(slots=True)
+class S3Options:
+    """Object store settings handed to the registry when ``--store s3``."""
+
+    endpoint: str = "127.0.0.1:9000"
+    access_key: str = ""
+    secret_key: str = ""
+    bucket: str = "inferbus"
+    secure: bool = False
+
+
+@dataclass(slots=True)
+class UpOptions:
+    """Everything `inferbus up` was asked for.
+
+    Attributes:
+        home: state directory (logs, run files, NATS and model stores).
+        detached: return once everything is up instead of supervising.
+        store: where the registry keeps artifacts.
+        s3: S3 settings when `store` is ``s3``.
+        workers: number of worker processes.
+        ports: listening ports.
+        redis: start redis-server (when it is installed).
+        pool: worker pool of the workers.
+        timeout_s: how long each process may take to become ready.
+        log_level: log level of the services.
+    """
+
+    home: Path
+    detached: bool = False
+    store: Literal["local", "s3"] = "local"
+    s3: S3Options = field(default_factory=S3Options)
+    workers: int = 1
+    ports: Ports = field(default_factory=Ports)
+    redis: bool = True
+    pool: str = "default"
+    timeout_s: float = 60.0
+    log_level: str = "INFO"
+
+    @property
+    def logs_dir(self) -> Path:
+        """Where every process's log file goes."""
+        return self.home / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        """Where ports files (and the Redis socket) go."""
+        return self.home / "run"
+
+
+@dataclass(slots=True)
+class ProcessSpec:
+    """How to start one process of the stack.
+
+    Attributes:
+        name: name in `state.json` and in messages.
+        kind: ``nats``, ``redis`` or ``service`` (decides how readiness is probed).
+        argv: command line.
+        env: variables added to the CLI's environment.
+        log: file receiving stdout and stderr.
+        ports_file: where the service writes its bound ports (services only).
+        redis_address: ``127.0.0.1:PORT`` or a unix socket path (redis only).
+    """
+
+    name: str
+    kind: Literal["nats", "redis", "service"]
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    ports_file: Path | None = None
+    redis_address: str = ""
+
+
+def process_names(options: UpOptions, *, with_redis: bool) -> list[str]:
+    """Start order: infrastructure, registry, data path back to front, gateway last."""
+    return [name for stage in process_stages(options, with_redis=with_redis) for name in stage]
+
+
+def process_stages(options: UpOptions, *, with_redis: bool) -> list[list[str]]:
+    """Groups started together; a group starts once the one before it is up.
+
+    Within a group nothing depends on another member: the registry, router
+    and batcher need only NATS; the workers need the registry's address and
+    the gateway needs NATS (and Redis). Starting a group at once roughly
+    halves the start-up time, which is mostly Python imports.
+    """
+    stages = [["nats"]]
+    if with_redis:
+        stages.append(["redis"])
+    stages.append(["registry", "router", "batcher"])
+    stages.append([*(f"worker-{i + 1}" for i in range(options.workers)), "gateway"])
+    return stages
+
+
+def port_claims(options: UpOptions, *, with_redis: bool) -> list[PortClaim]:
+    """Every fixed port the stack will bind, with the flag that changes it."""
+    p = options.ports
+    claims = [
+        PortClaim(p.nats, "NATS", "--nats-port"),
+        PortClaim(p.nats_monitor, "NATS monitoring", "--nats-monitor-port"),
+        PortClaim(p.registry_grpc, "registry gRPC", "--registry-port"),
+        PortClaim(p.registry_metrics, "registry metrics", "--registry-metrics-port"),
+        PortClaim(p.router_metrics, "router metrics", "--router-metrics-port"),
+        PortClaim(p.batcher_metrics, "batcher metrics", "--batcher-metrics-port"),
+        PortClaim(p.gateway_http, "gateway HTTP", "--http-port"),
+        PortClaim(p.gateway_grpc, "gateway gRPC", "--grpc-port"),
+        PortClaim(p.gateway_metrics, "gateway metrics", "--metrics-port"),
+    ]
+    claims += [
+        PortClaim(p.worker_metrics_port(i), f"worker-{i + 1} metrics", "--worker-metrics-port")
+        for i in range(options.workers)
+    ]
+    if with_redis:
+        claims.append(PortClaim(p.redis, "Redis", "--redis-port"))
+    return claims
+
+
+def find_nats_server() -> str | None:
+    """The nats-server binary: next to this Python (the venv's bin), else on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file():
+        return str(beside)
+    return shutil.which("nats-server")
+
+
+def find_redis_server() -> str | None:
+    """The redis-server binary on PATH, if installed."""
+    return shutil.which("redis-server")
+
+
+def nats_spec(options: UpOptions, binary: str) -> ProcessSpec:
+    """nats-server with JetStream, its store under the home, ports reported to run/."""
+    p = options.ports
+    # -1 asks nats-server for a random port; it then reports it in its ports file.
+    argv = [
+        binary,
+        "-a",
+        "127.0.0.1",
+        "-p",
+        str(p.nats or -1),
+        "-m",
+        str(p.nats_monitor or -1),
+        "-js",
+        "-sd",
+        str(options.home / "nats"),
+        "--ports_file_dir",
+        str(options.run_dir),
+    ]
+    return ProcessSpec("nats", "nats", argv, {}, options.logs_dir / "nats.log")
+
+
+def redis_spec(options: UpOptions, binary: str) -> ProcessSpec:
+    """redis-server without persistence; port 0 → a unix socket under run/.
+
+    Redis treats ``--port 0`` as "no TCP at all", so a free-port request is
+    served on a unix socket instead, whose path is known in advance.
+    """
+    data_dir = options.home / "redis"
+    argv = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    argv += ["--dir", str(data_dir)]
+    if options.ports.redis:
+        argv += ["--port", str(options.ports.redis)]
+        address = f"127.0.0.1:{options.ports.redis}"
+    else:
+        address = str(options.run_dir / "redis.sock")
+        argv += ["--port", "0", "--unixsocket", address, "--unixsocketperm", "700"]
+    return ProcessSpec(
+        "redis", "redis", argv, {}, options.logs_dir / "redis.log", redis_address=address
+    )
+
+
+def redis_url(address: str) -> str:
+    """redis-py URL for a ``HOST:PORT`` or unix socket address."""
+    return f"unix://{address}" if address.startswith("/") else f"redis://{address}/0"
+
+
+def service_spec(options: UpOptions, name: str, endpoints: dict[str, str]) -> ProcessSpec:
+    """The spec of one inferbus service, from the endpoints known so far.
+
+    Args:
+        options: what `up` was asked for.
+        name: ``registry``, ``router``, ``batcher``, ``worker-N`` or ``gateway``.
+        endpoints: at least ``nats``; ``registry`` for workers; ``redis`` when running.
+    """
+    kind = "worker" if name.startswith("worker-") else name
+    module, prefix = SERVICE_MODULES[kind]
+    p = options.ports
+    ports_file = options.run_dir / f"{name}.json"
+    values: dict[str, str | int] = {
+        "NATS_URL": endpoints["nats"],
+        "HOST": "127.0.0.1",
+        "PORTS_FILE": str(ports_file),
+        "LOG_LEVEL": options.log_level,
+    }
+    if kind == "registry":
+        values |= {"GRPC_PORT": p.registry_grpc, "METRICS_PORT": p.registry_metrics}
+        values["STORE"] = options.store
+        if options.store == "local":
+            values["STORE_DIR"] = str(options.home / "models")
+        else:
+            values |= {
+                "S3_ENDPOINT": options.s3.endpoint,
+                "S3_ACCESS_KEY": options.s3.access_key,
+                "S3_SECRET_KEY": options.s3.secret_key,
+                "S3_BUCKET": options.s3.bucket,
+                "S3_SECURE": str(options.s3.secure).lower(),
+            }
+    elif kind == "router":
+        values["METRICS_PORT"] = p.router_metrics
+    elif kind == "batcher":
+        values["METRICS_PORT"] = p.batcher_metrics
+    elif kind == "worker":
+        index = int(name.removeprefix("worker-")) - 1
+        values |= {
+            "METRICS_PORT": p.worker_metrics_port(index),
+            "REGISTRY_URL": endpoints["registry"],
+            # One cache per worker: two processes never write the same file.
+            "CACHE_DIR": str(options.home / "cache" / name),
+            "POOL": options.pool,
+        }
+    elif kind == "gateway":
+        values |= {
+            "HTTP_PORT": p.gateway_http,
+            "GRPC_PORT": p.gateway_grpc,
+            "METRICS_PORT": p.gateway_metrics,
+            "REDIS_URL": redis_url(endpoints["redis"]) if endpoints.get("redis") else "",
+        }
+    env = {prefix + key: str(value) for key, value in values.items()}
+    argv = [sys.executable, "-m", module]
+    return ProcessSpec(name, "service", argv, env, options.logs_dir / f"{name}.log", ports_file)

@@ -1,0 +1,40 @@
+"""gRPC plumbing shared by the commands: channels, stubs and error text."""
+
+from __future__ import annotations
+
+import grpc
+
+from inferbus_proto.registry import registry_pb2_grpc
+from inferbus_proto.v2 import grpc_predict_v2_pb2_grpc
+
+#: Largest message accepted or sent (matches the gateway's default limit).
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def open_channel(address: str) -> grpc.Channel:
+    """An insecure channel to ``HOST:PORT`` with large message limits."""
+    return grpc.insecure_channel(
+        address,
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+
+
+def registry_stub(channel: grpc.Channel) -> registry_pb2_grpc.RegistryStub:
+    """Stub of the inferbus registry API."""
+    return registry_pb2_grpc.RegistryStub(channel)
+
+
+def inference_stub(channel: grpc.Channel) -> grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub:
+    """Stub of the KServe V2 inference API (the gateway)."""
+    return grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def rpc_error_text(exc: grpc.RpcError, address: str) -> str:
+    """``UNAVAILABLE: <details> (127.0.0.1:8001)``: the status name and message."""
+    code = exc.code() if isinstance(exc, grpc.Call) else None
+    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    name = code.name if code is not None else "UNKNOWN"
+    return f"{name}: {details} ({address})"

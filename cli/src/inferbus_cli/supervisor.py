@@ -1,0 +1,384 @@
+"""Starting, probing and stopping the processes of a local stack.
+
+Every process runs in its own session (``start_new_session``): a Ctrl-C in the
+terminal reaches only the CLI, which then stops the services in reverse start
+order, and with ``-d`` the services outlive the CLI. A process is "up" when its
+ports are known and it answers: NATS its ``/healthz`` with JetStream on, Redis a
+PING, a service its ``/readyz`` (and the gateway ``/v2/health/live``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferbus_cli.plan import (
+    ProcessSpec,
+    UpOptions,
+    find_nats_server,
+    find_redis_server,
+    nats_spec,
+    port_claims,
+    process_stages,
+    redis_spec,
+    service_spec,
+)
+from inferbus_cli.probes import (
+    check_ports_free,
+    http_json,
+    http_status,
+    read_ports_file,
+    redis_ping,
+)
+from inferbus_cli.state import (
+    ProcessRecord,
+    StackState,
+    is_alive,
+    last_log_lines,
+    process_start_ticks,
+    signal_process,
+)
+
+POLL_S = 0.05
+#: After a service answers /readyz, how long to wait for it to say "ready".
+READY_GRACE_S = 5.0
+
+Say = Callable[[str], None]
+
+
+class StartupError(Exception):
+    """A process did not come up.
+
+    Args:
+        name: the process.
+        reason: what went wrong.
+        exit_code: its exit status if it exited.
+        log_tail: its last log lines.
+    """
+
+    def __init__(
+        self, name: str, reason: str, exit_code: int | None = None, log_tail: list[str] = ()
+    ) -> None:
+        super().__init__(f"{name}: {reason}")
+        self.name = name
+        self.reason = reason
+        self.exit_code = exit_code
+        self.log_tail = list(log_tail)
+
+
+@dataclass(slots=True)
+class Child:
+    """A process this CLI started, its spec and what is known about it."""
+
+    spec: ProcessSpec
+    popen: subprocess.Popen[bytes]
+    record: ProcessRecord
+
+    def poll(self) -> int | None:
+        """Exit status once it has exited (reaping it), else None."""
+        code = self.popen.poll()
+        if code is not None:
+            self.record.exit_code = code
+        return code
+
+
+def describe_exit(code: int) -> str:
+    """``exit code 3`` or ``killed by SIGKILL`` for a Popen return code."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def launch(spec: ProcessSpec) -> Child:
+    """Start one process in its own session, output appended to its log file."""
+    spec.log.parent.mkdir(parents=True, exist_ok=True)
+    if spec.ports_file is not None:
+        spec.ports_file.unlink(missing_ok=True)
+    with open(spec.log, "ab") as log:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        log.write(f"----- inferbus up: starting {spec.name} at {stamp}\n".encode())
+        log.flush()
+        popen = subprocess.Popen(
+            spec.argv,
+            env={**os.environ, **spec.env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    record = ProcessRecord(
+        name=spec.name,
+        pid=popen.pid,
+        start_ticks=process_start_ticks(popen.pid),
+        argv=spec.argv,
+        log=str(spec.log),
+    )
+    return Child(spec, popen, record)
+
+
+def _nats_ports(run_dir: Path, pid: int) -> dict[str, int] | None:
+    # nats-server names its ports file <executable>_<pid>.ports.
+    for path in run_dir.glob(f"*_{pid}.ports"):
+        data = read_ports_file(path)
+        if data and data.get("nats") and data.get("monitoring"):
+            client = int(data["nats"][0].rsplit(":", 1)[1])
+            monitor = int(data["monitoring"][0].rsplit(":", 1)[1])
+            return {"client": client, "monitoring": monitor}
+    return None
+
+
+def _probe(child: Child, run_dir: Path) -> dict[str, Any] | None:
+    """The process's ports once it answers, else None (one non-blocking attempt)."""
+    spec = child.spec
+    if spec.kind == "nats":
+        ports = _nats_ports(run_dir, child.popen.pid)
+        if ports and http_status(ports["monitoring"], "/healthz?js-enabled-only=true") == 200:
+            return ports
+        return None
+    if spec.kind == "redis":
+        if not redis_ping(spec.redis_address):
+            return None
+        if spec.redis_address.startswith("/"):
+            return {"unix": spec.redis_address}
+        return {"redis": int(spec.redis_address.rsplit(":", 1)[1])}
+    assert spec.ports_file is not None
+    data = read_ports_file(spec.ports_file)
+    if not data or data.get("pid") != child.popen.pid or "metrics" not in data:
+        return None
+    if http_status(int(data["metrics"]), "/readyz") is None:
+        return None
+    if spec.name == "gateway" and http_status(int(data["http"]), "/v2/health/live") != 200:
+        return None
+    return {k: v for k, v in data.items() if k != "pid"}
+
+
+def wait_up(child: Child, run_dir: Path, timeout_s: float, say: Say) -> dict[str, Any]:
+    """Poll until the process is up; returns its ports.
+
+    Raises:
+        StartupError: if it exits first or the timeout passes.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        code = child.poll()
+        if code is not None:
+            raise StartupError(
+                child.spec.name,
+                f"exited during start-up ({describe_exit(code)})",
+                code,
+                last_log_lines(child.spec.log),
+            )
+        ports = _probe(child, run_dir)
+        if ports is not None:
+            break
+        if time.monotonic() > deadline:
+            raise StartupError(
+                child.spec.name,
+                f"not up after {timeout_s:g}s",
+                None,
+                last_log_lines(child.spec.log),
+            )
+        time.sleep(POLL_S)
+    if child.spec.kind == "service":
+        _wait_ready(child, int(ports["metrics"]), min(READY_GRACE_S, timeout_s), say)
+    return ports
+
+
+def _wait_ready(child: Child, metrics_port: int, grace_s: float, say: Say) -> None:
+    """Give a service that answers /readyz a moment to report ready; warn if not."""
+    deadline = time.monotonic() + grace_s
+    while http_status(metrics_port, "/readyz") != 200:
+        if time.monotonic() > deadline or child.poll() is not None:
+            body = http_json(metrics_port, "/readyz") or {}
+            reason = body.get("reason", "") if isinstance(body, dict) else ""
+            say(f"  note: {child.spec.name} is up but not ready yet: {reason or 'no reason given'}")
+            return
+        time.sleep(POLL_S)
+
+
+def stop_pid(
+    name: str,
+    pid: int,
+    start_ticks: int,
+    timeout_s: float,
+    say: Say,
+    poll: Callable[[], int | None] | None = None,
+) -> None:
+    """SIGTERM, wait up to `timeout_s`, then SIGKILL.
+
+    Args:
+        name: for messages.
+        pid: the process (and its group when it leads one).
+        start_ticks: its recorded start time, so a reused pid is never signalled.
+        timeout_s: grace period before SIGKILL.
+        say: where messages go.
+        poll: for our own children, `Popen.poll` (reaps; a zombie counts as exited).
+    """
+
+    def alive() -> bool:
+        if poll is not None:
+            return poll() is None
+        return is_alive(pid, start_ticks)
+
+    if not alive():
+        return
+    signal_process(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while alive():
+        if time.monotonic() > deadline:
+            say(f"  {name} (pid {pid}) did not stop within {timeout_s:g}s; sending SIGKILL")
+            signal_process(pid, signal.SIGKILL)
+            kill_deadline = time.monotonic() + 5.0
+            while alive() and time.monotonic() < kill_deadline:
+                time.sleep(POLL_S)
+            return
+        time.sleep(POLL_S)
+
+
+class Stack:
+    """The processes of one `inferbus up`, started in order and stopped in reverse.
+
+    Args:
+        options: what to start.
+        say: where progress messages go.
+    """
+
+    def __init__(self, options: UpOptions, say: Say) -> None:
+        self.options = options
+        self.say = say
+        self.children: list[Child] = []
+        self.endpoints: dict[str, str] = {}
+        self.started_unix = time.time()
+
+    def preflight(self) -> tuple[str, str | None]:
+        """Find the binaries and check every fixed port is free, before starting anything.
+
+        Returns:
+            (nats-server path, redis-server path or None when Redis is skipped).
+
+        Raises:
+            StartupError: nats-server is missing.
+            PortInUseError: a fixed port is taken.
+        """
+        nats = find_nats_server()
+        if nats is None:
+            raise StartupError(
+                "nats", "nats-server not found next to this Python or on PATH (run uv sync)"
+            )
+        redis = None
+        if self.options.redis:
+            redis = find_redis_server()
+            if redis is None:
+                self.say(
+                    "warning: redis-server not found on PATH; starting without Redis "
+                    "(no cluster-wide rate limits or quotas). Install it with: "
+                    "sudo apt-get install -y redis-server"
+                )
+        check_ports_free(port_claims(self.options, with_redis=redis is not None))
+        return nats, redis
+
+    def start(self) -> None:
+        """Start every process in order, waiting for each to be up.
+
+        On failure the processes already started are stopped again.
+
+        Raises:
+            StartupError: naming the process that failed, with its log tail.
+            PortInUseError: a fixed port is taken (nothing was started).
+        """
+        nats_bin, redis_bin = self.preflight()
+        for d in (self.options.logs_dir, self.options.run_dir, self.options.home / "nats"):
+            d.mkdir(parents=True, exist_ok=True)
+        try:
+            for stage in process_stages(self.options, with_redis=redis_bin is not None):
+                specs = []
+                for name in stage:
+                    if name == "nats":
+                        specs.append(nats_spec(self.options, nats_bin))
+                    elif name == "redis":
+                        assert redis_bin is not None
+                        (self.options.home / "redis").mkdir(parents=True, exist_ok=True)
+                        specs.append(redis_spec(self.options, redis_bin))
+                    else:
+                        specs.append(service_spec(self.options, name, self.endpoints))
+                self._start_stage(specs)
+        except BaseException:
+            # Covers Ctrl-C during start-up as well: never leave half a stack.
+            self.stop()
+            raise
+
+    def _start_stage(self, specs: list[ProcessSpec]) -> None:
+        """Launch every spec at once, then wait for each to be up."""
+        children = []
+        for spec in specs:
+            self.say(f"  starting {spec.name} ...")
+            child = launch(spec)
+            self.children.append(child)
+            children.append(child)
+        for child in children:
+            ports = wait_up(child, self.options.run_dir, self.options.timeout_s, self.say)
+            child.record.ports = ports
+            self._learn_endpoints(child.spec.name, ports)
+            shown = " ".join(f"{k}={v}" for k, v in ports.items())
+            self.say(f"  {child.spec.name} up (pid {child.popen.pid}) {shown}")
+
+    def _learn_endpoints(self, name: str, ports: dict[str, Any]) -> None:
+        ep = self.endpoints
+        if name == "nats":
+            ep["nats"] = f"nats://127.0.0.1:{ports['client']}"
+            ep["nats_monitoring"] = f"http://127.0.0.1:{ports['monitoring']}"
+        elif name == "redis":
+            ep["redis"] = ports.get("unix") or f"127.0.0.1:{ports['redis']}"
+        elif name == "registry":
+            ep["registry"] = f"127.0.0.1:{ports['grpc']}"
+            ep["registry_metrics"] = f"http://127.0.0.1:{ports['metrics']}/metrics"
+        elif name == "gateway":
+            ep["gateway_grpc"] = f"127.0.0.1:{ports['grpc']}"
+            ep["gateway_http"] = f"http://127.0.0.1:{ports['http']}"
+            ep["gateway_metrics"] = f"http://127.0.0.1:{ports['metrics']}/metrics"
+        elif "metrics" in ports:
+            ep[f"{name}_metrics"] = f"http://127.0.0.1:{ports['metrics']}/metrics"
+
+    def state(self) -> StackState:
+        """The state to write to `state.json`."""
+        return StackState(
+            home=str(self.options.home),
+            started_unix=self.started_unix,
+            detached=self.options.detached,
+            supervisor_pid=0 if self.options.detached else os.getpid(),
+            processes=[c.record for c in self.children],
+            endpoints=dict(self.endpoints),
+        )
+
+    def crashed(self) -> list[Child]:
+        """Children that exited since the last call (each reported once)."""
+        out = []
+        for child in self.children:
+            if child.record.exit_code is None and child.poll() is not None:
+                out.append(child)
+        return out
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop every child in reverse start order (SIGTERM, then SIGKILL)."""
+        for child in reversed(self.children):
+            if child.popen.poll() is not None:
+                child.record.exit_code = child.popen.returncode
+                continue
+            self.say(f"  stopping {child.spec.name} (pid {child.popen.pid})")
+            stop_pid(
+                child.spec.name,
+                child.popen.pid,
+                child.record.start_ticks,
+                timeout_s,
+                self.say,
+                poll=child.poll,
+            )

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install what is missing (scripts/bootstrap.sh), then run the whole test suite.
+#
+#   scripts/test.sh [pytest arguments...]      e.g. scripts/test.sh -x -k catalog
+#
+# Works without a TTY (CI=true). Exits with pytest's exit code; set
+# INFERBUS_SKIP_BOOTSTRAP=1 to skip the install step.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Same PATH and uv settings as bootstrap.sh, which runs in its own process.
+export PATH="$HOME/.local/bin:$PATH"
+export UV_PYTHON_DOWNLOADS="${UV_PYTHON_DOWNLOADS:-never}"
+
+if [[ "${INFERBUS_SKIP_BOOTSTRAP:-0}" != "1" ]]; then
+    bash scripts/bootstrap.sh
+fi
+
+# Colour only for people; CI logs stay plain.
+color=no
+if [[ -t 1 ]]; then
+    color=yes
+fi
+
+exec uv run --frozen pytest --color="$color" "$@"

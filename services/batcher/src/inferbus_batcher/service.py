@@ -1,0 +1,586 @@
+"""The batcher service: NATS intake, one queue per model version, JetStream output.
+
+Requests arrive on ``<prefix>.infer.<model>.<version>`` (queue group, so several
+batchers share the load). Each is checked (deployed version, deadline, body),
+put in its version's `ModelQueue`, and batches that are due are joined along
+the batch axis and published to the ``IB_BATCHES`` work queue. Every request
+gets exactly one answer from the batcher when it is refused, expires or its
+batch cannot be stored; otherwise the worker answers it.
+
+Concurrency model: everything runs on one event loop. The subscription callback
+does the intake and dispatches batches that became due on arrival; a per-queue
+`loop.call_later` timer (monotonic clock) marks a queue due when its oldest
+request has waited ``max_queue_delay_us`` or a deadline passes, and one pump
+task services due queues. Publishes run as owned tasks, at most
+``max_outstanding_publishes`` at a time; when they are all busy, ready batches
+stay queued, so a slow JetStream backs up into ``queue-full`` answers instead of
+unbounded memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+
+from inferbus_batcher.batching import FormedBatch, ModelQueue, PendingRequest
+from inferbus_batcher.metrics import PUBLISHES_OUTSTANDING, REJECTIONS, QueueMetrics
+from inferbus_batcher.settings import BatcherSettings
+from inferbus_common import headers as h
+from inferbus_common.bus import connect, ensure_batch_stream
+from inferbus_common.catalog import Catalog
+from inferbus_common.errors import (
+    DeadlineExceeded,
+    InferbusError,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    StatusCode,
+)
+from inferbus_common.lifecycle import default_instance_id
+from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.subjects import Subjects, name_from_token
+from inferbus_common.wire import batch_signature, decode_tensors, encode_batch, join_tensors
+
+log = logging.getLogger(__name__)
+
+# nats-server answers a store refused by stream limits (max bytes / msgs,
+# discard-new) with this JetStream error code ("maximum ... exceeded").
+_JS_STORE_FAILED = 10077
+
+
+@dataclass(slots=True, eq=False)
+class _QueueState:
+    """A model version's queue plus what the service keeps next to it."""
+
+    queue: ModelQueue
+    subject: str
+    metrics: QueueMetrics
+    timer: asyncio.TimerHandle | None = None
+    timer_at: int | None = None
+
+
+class _PublishFailed(Exception):
+    """A micro-batch could not be stored; carries the answer for its requests."""
+
+    def __init__(self, code: StatusCode, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason
+
+
+class Batcher:
+    """The batcher: an async context manager that serves until it is left.
+
+    Leaving the context drains: the subscription stops taking requests, what
+    waits is flushed as final batches, outstanding publishes are awaited (up
+    to ``drain_timeout_s``), then the connection closes.
+
+    Args:
+        settings: the process settings (built once in `main`).
+    """
+
+    def __init__(self, settings: BatcherSettings) -> None:
+        self._settings = settings
+        self._subjects = Subjects(settings.subject_prefix)
+        self.instance_id = settings.instance_id or default_instance_id("batcher")
+        # A restart can reuse host and pid (pid 1 in containers); the nonce keeps
+        # Nats-Msg-Id unique inside JetStream's duplicate window across restarts.
+        self._msg_id_prefix = f"{self.instance_id}-{uuid.uuid4().hex[:12]}-"
+        self._seq = 0
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._catalog: Catalog | None = None
+        self._catalog_loaded = False
+        self._stream_ready = False
+        self._sub: Subscription | None = None
+        self._queues: dict[tuple[str, str], _QueueState] = {}
+        self._due: set[_QueueState] = set()
+        self._blocked: set[_QueueState] = set()
+        self._wake = asyncio.Event()
+        self._publishes: set[asyncio.Task[None]] = set()
+        self._pump_task: asyncio.Task[None] | None = None
+        self._draining = False
+        self._flushing = False
+        self._closed = False
+
+    # --- lifecycle -----------------------------------------------------------
+    async def __aenter__(self) -> Batcher:
+        try:
+            await self._start()
+        except BaseException:
+            await self._close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.drain()
+        finally:
+            await self._close()
+
+    async def _start(self) -> None:
+        s = self._settings
+        self._nc = await connect(s.nats_url, self.instance_id)
+        self._js = self._nc.jetstream()
+        await ensure_batch_stream(
+            self._js, self._subjects, storage=s.stream_storage, max_bytes=s.stream_max_bytes
+        )
+        self._stream_ready = True
+        self._catalog = Catalog(self._js, self._subjects)
+        await self._catalog.__aenter__()
+        await self._catalog.wait_loaded()
+        self._catalog_loaded = True
+        self._pump_task = asyncio.create_task(self._pump(), name="batcher-pump")
+        self._sub = await self._nc.subscribe(
+            self._subjects.infer_all,
+            queue=s.queue_group,
+            cb=self._on_request,
+            pending_msgs_limit=s.pending_msgs_limit,
+            pending_bytes_limit=s.pending_bytes_limit,
+        )
+        await self._nc.flush()
+        log.info("batcher %s serving", self.instance_id, extra={"nats_url": s.nats_url})
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness for /readyz: NATS connected, catalog loaded, stream present."""
+        if self._nc is None or not self._nc.is_connected:
+            return False, "not connected to NATS"
+        if not self._stream_ready:
+            return False, "micro-batch stream not ensured yet"
+        if not self._catalog_loaded:
+            return False, "catalog not loaded yet"
+        if self._draining:
+            return False, "draining"
+        return True, "ok"
+
+    async def drain(self) -> None:
+        """Stop intake, flush queued requests as final batches, await their publishes.
+
+        Idempotent. Requests still unanswered after ``drain_timeout_s`` are
+        answered UNAVAILABLE.
+        """
+        if self._draining or self._nc is None:
+            return
+        self._draining = True
+        try:
+            async with asyncio.timeout(self._settings.drain_timeout_s):
+                if self._sub is not None:
+                    # Unsubscribes, then waits until the requests already
+                    # delivered to us have been taken in.
+                    with contextlib.suppress(nats.errors.Error):
+                        await self._sub.drain()
+                self._flushing = True
+                while True:
+                    for state in list(self._queues.values()):
+                        await self._service(state)
+                    if self._publishes:
+                        await asyncio.wait(set(self._publishes))
+                    elif not any(st.queue.depth for st in self._queues.values()):
+                        break
+        except TimeoutError:
+            log.warning("drain timed out; answering what is left UNAVAILABLE")
+            for state in list(self._queues.values()):
+                left = state.queue.drain_all()
+                state.metrics.depth.set(0)
+                await self._answer_many(
+                    state,
+                    left,
+                    StatusCode.UNAVAILABLE,
+                    "batcher shut down before dispatch",
+                    "shutdown",
+                )
+            await self._cancel_publishes()
+
+    async def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._pump_task is not None:
+            self._pump_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump_task
+        await self._cancel_publishes()
+        for state in self._queues.values():
+            if state.timer is not None:
+                state.timer.cancel()
+        if self._catalog is not None:
+            await self._catalog.__aexit__(None, None, None)
+        if self._nc is not None and not self._nc.is_closed:
+            with contextlib.suppress(nats.errors.Error):
+                await self._nc.flush(timeout=2)
+            await self._nc.close()
+
+    async def _cancel_publishes(self) -> None:
+        tasks = list(self._publishes)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- intake --------------------------------------------------------------
+    async def _on_request(self, msg: Msg) -> None:
+        hdrs = msg.headers or {}
+        reply = hdrs.get(h.REPLY) or msg.reply
+        request_id = hdrs.get(h.REQUEST_ID, "")
+        if not reply:
+            REJECTIONS.labels("-", "-", "no-reply").inc()
+            log.warning("request without %s dropped", h.REPLY, extra={"request_id": request_id})
+            return
+        state: _QueueState | None = None
+        try:
+            state = self._queue_for(msg, hdrs)
+            state.queue.offer(self._admit(state, msg, hdrs, request_id, reply))
+        except InferbusError as exc:
+            await self._refuse(state, hdrs, request_id, reply, exc)
+            return
+        except Exception:
+            # A bug must still get the request one answer, without leaking details.
+            log.exception("failed to accept a request", extra={"request_id": request_id})
+            await self._refuse(
+                state, hdrs, request_id, reply, Internal("batcher failed to accept the request")
+            )
+            return
+        await self._service(state)
+
+    def _queue_for(self, msg: Msg, hdrs: dict[str, str]) -> _QueueState:
+        """The queue of the request's deployed version (created on first use)."""
+        model = hdrs.get(h.MODEL)
+        version = hdrs.get(h.VERSION)
+        if not model or not version:
+            # The subject carries both as tokens; headers are the primary source.
+            parts = msg.subject.rsplit(".", 2)
+            try:
+                model = model or name_from_token(parts[-2])
+                version = version or name_from_token(parts[-1])
+            except (ValueError, IndexError, UnicodeDecodeError):
+                raise InvalidArgument(
+                    f"subject {msg.subject!r} does not name a model version"
+                ) from None
+        assert self._catalog is not None
+        deployed = self._catalog.versions.get((model, version))
+        if deployed is None:
+            raise NotFound(f"model '{model}' version '{version}' is not deployed")
+        config = deployed.config
+        state = self._queues.get((model, version))
+        if state is None:
+            state = self._new_queue(model, version, deployed.config)
+        elif state.queue.config is not config:
+            # The registry re-published the version: new batching knobs or pool.
+            state.queue.configure(config)
+            state.subject = self._subjects.batch(config.pool, model, version)
+        return state
+
+    def _admit(
+        self, state: _QueueState, msg: Msg, hdrs: dict[str, str], request_id: str, reply: str
+    ) -> PendingRequest:
+        """Check a request against its deadline and model config; build its queue entry."""
+        queue = state.queue
+        config = queue.config
+        model, version = queue.model, queue.version
+        now_wall = time.time_ns()
+        raw_deadline = hdrs.get(h.DEADLINE)
+        if raw_deadline:
+            try:
+                deadline = int(raw_deadline)
+            except ValueError:
+                raise InvalidArgument(
+                    f"{h.DEADLINE} must be unix-epoch nanoseconds, got {raw_deadline!r}"
+                ) from None
+            if deadline <= now_wall:
+                raise DeadlineExceeded(
+                    f"deadline of the request for model '{model}' version '{version}' "
+                    f"passed {(now_wall - deadline) / 1e6:.1f} ms before it reached the batcher"
+                )
+        else:
+            deadline = now_wall + queue.default_timeout_ns
+        tensors = decode_tensors(msg.data)
+        raw_outputs = hdrs.get(h.OUTPUTS, "")
+        outputs = tuple(o for o in raw_outputs.split(",") if o) if raw_outputs else ()
+        config.validate_request(tensors, outputs)
+        # Unbatched models (max_batch_size 0) still report their first dim as
+        # rows, so a micro-batch's dims[0] always equals the sum of its rows.
+        rows = tensors[0].shape[0] if tensors[0].shape else 1
+        try:
+            priority = queue.priority_of(int(hdrs.get(h.PRIORITY) or 0))
+        except ValueError:
+            priority = queue.default_priority
+        return PendingRequest(
+            request_id=request_id,
+            reply=reply,
+            deadline_ns=deadline,
+            enqueued_ns=now_wall,
+            enqueued_mono_ns=time.monotonic_ns(),
+            rows=rows,
+            priority=priority,
+            signature=batch_signature(tensors),
+            tensors=tensors,
+            outputs=outputs,
+            traceparent=hdrs.get(h.TRACEPARENT, ""),
+        )
+
+    def _new_queue(self, model: str, version: str, config: ModelConfig) -> _QueueState:
+        state = _QueueState(
+            queue=ModelQueue(model, version, config),
+            subject=self._subjects.batch(config.pool, model, version),
+            metrics=QueueMetrics(model, version),
+        )
+        self._queues[(model, version)] = state
+        return state
+
+    async def _refuse(
+        self,
+        state: _QueueState | None,
+        hdrs: dict[str, str],
+        request_id: str,
+        reply: str,
+        exc: InferbusError,
+    ) -> None:
+        reason = exc.reason if isinstance(exc, ResourceExhausted) else ""
+        label = reason or exc.code.name.lower()
+        if state is not None:
+            state.metrics.rejected(label)
+        else:
+            REJECTIONS.labels("-", "-", label).inc()
+        log.debug(
+            "refused: %s",
+            exc.message,
+            extra={"request_id": request_id, "status": exc.code.name, "reason": reason},
+        )
+        await self._answer(
+            reply, request_id, hdrs.get(h.VERSION, ""), exc.code, exc.message, reason
+        )
+
+    # --- dispatch ------------------------------------------------------------
+    async def _service(self, state: _QueueState) -> None:
+        """Take what is due from one queue, launch its publishes, answer expiries."""
+        queue = state.queue
+        now_mono = time.monotonic_ns()
+        room = self._settings.max_outstanding_publishes - len(self._publishes)
+        out = queue.take_ready(now_mono, time.time_ns(), limit=room, flush=self._flushing)
+        for batch in out.batches:
+            self._launch(state, batch, now_mono)
+        if out.limited:
+            self._blocked.add(state)
+        self._arm(state)
+        state.metrics.depth.set(queue.depth)
+        if out.expired:
+            await self._answer_many(
+                state,
+                out.expired,
+                StatusCode.DEADLINE_EXCEEDED,
+                f"deadline passed while queued for model '{queue.model}' version '{queue.version}'",
+                "deadline_exceeded",
+            )
+
+    def _arm(self, state: _QueueState) -> None:
+        wake = state.queue.wake_mono_ns
+        if wake is None:
+            if state.timer is not None:
+                state.timer.cancel()
+                state.timer = state.timer_at = None
+            return
+        if state.timer is not None and state.timer_at is not None and state.timer_at <= wake:
+            # An earlier (or equal) timer is set; when it fires the queue is re-armed.
+            return
+        if state.timer is not None:
+            state.timer.cancel()
+        delay_s = max(0.0, (wake - time.monotonic_ns()) / 1e9)
+        state.timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer, state)
+        state.timer_at = wake
+
+    def _on_timer(self, state: _QueueState) -> None:
+        state.timer = state.timer_at = None
+        self._due.add(state)
+        self._wake.set()
+
+    async def _pump(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            due, self._due = self._due, set()
+            for state in due:
+                try:
+                    await self._service(state)
+                except Exception:
+                    # A bug in one queue must not stop the timers of all others.
+                    log.exception(
+                        "servicing a queue failed",
+                        extra={"model": state.queue.model, "version": state.queue.version},
+                    )
+
+    def _launch(self, state: _QueueState, batch: FormedBatch, now_mono: int) -> None:
+        requests = batch.requests
+        m = state.metrics
+        for p in requests:
+            m.queue_time.observe((now_mono - p.enqueued_mono_ns) / 1e9)
+        tensors = (
+            requests[0].tensors if len(requests) == 1 else join_tensors(p.tensors for p in requests)
+        )
+        payload = encode_batch([p.entry() for p in requests], tensors)
+        assert self._nc is not None
+        if len(payload) > self._nc.max_payload and len(requests) > 1:
+            # The joined batch is over the bus's message size limit: send it as
+            # two smaller batches (each request's rows stay whole).
+            half = len(requests) // 2
+            for part in (requests[:half], requests[half:]):
+                self._launch(state, FormedBatch(part, sum(p.rows for p in part)), now_mono)
+            return
+        self._seq += 1
+        task = asyncio.create_task(
+            self._publish(state, batch, payload, f"{self._msg_id_prefix}{self._seq}")
+        )
+        self._publishes.add(task)
+        PUBLISHES_OUTSTANDING.set(len(self._publishes))
+        task.add_done_callback(self._publish_done)
+
+    def _publish_done(self, task: asyncio.Task[None]) -> None:
+        self._publishes.discard(task)
+        PUBLISHES_OUTSTANDING.set(len(self._publishes))
+        if not task.cancelled() and task.exception() is not None:
+            log.error("micro-batch publish task failed", exc_info=task.exception())
+        if self._blocked:
+            self._due |= self._blocked
+            self._blocked = set()
+            self._wake.set()
+
+    async def _publish(
+        self, state: _QueueState, batch: FormedBatch, payload: bytes, msg_id: str
+    ) -> None:
+        queue = state.queue
+        try:
+            await self._store(state, payload, msg_id)
+        except asyncio.CancelledError:
+            await self._answer_many(
+                state,
+                batch.requests,
+                StatusCode.UNAVAILABLE,
+                "batcher shut down before the micro-batch was stored",
+                "shutdown",
+            )
+            raise
+        except _PublishFailed as exc:
+            log.warning(
+                "micro-batch not stored: %s",
+                exc.message,
+                extra={"model": queue.model, "version": queue.version, "reason": exc.reason},
+            )
+            await self._answer_many(state, batch.requests, exc.code, exc.message, exc.reason)
+            return
+        except Exception:
+            # A bug: the requests still get their one answer, without internals.
+            log.exception(
+                "micro-batch publish failed", extra={"model": queue.model, "version": queue.version}
+            )
+            await self._answer_many(
+                state, batch.requests, StatusCode.INTERNAL, "batcher failed to publish", "internal"
+            )
+            return
+        state.metrics.published.inc()
+        state.metrics.batch_rows.observe(batch.rows)
+        state.metrics.batch_requests.observe(len(batch.requests))
+
+    async def _store(self, state: _QueueState, payload: bytes, msg_id: str) -> None:
+        """Publish to JetStream until acked; retries reuse `msg_id` (stored at most once)."""
+        assert self._js is not None
+        queue = state.queue
+        headers = {h.MODEL: queue.model, h.VERSION: queue.version, h.MSG_ID: msg_id}
+        where = f"model '{queue.model}' version '{queue.version}'"
+        s = self._settings
+        for attempt in range(1, s.publish_attempts + 1):
+            try:
+                await self._js.publish(
+                    state.subject, payload, timeout=s.publish_timeout_s, headers=dict(headers)
+                )
+                return
+            except nats.errors.TimeoutError:
+                if attempt == s.publish_attempts:
+                    raise _PublishFailed(
+                        StatusCode.UNAVAILABLE,
+                        f"work queue did not acknowledge the micro-batch for {where} "
+                        f"after {attempt} attempts",
+                        "work-queue-timeout",
+                    ) from None
+            except nats.js.errors.APIError as exc:
+                if exc.err_code == _JS_STORE_FAILED or "exceeded" in (exc.description or ""):
+                    raise _PublishFailed(
+                        StatusCode.RESOURCE_EXHAUSTED,
+                        f"work queue is full, micro-batch for {where} refused: {exc.description}",
+                        "work-queue-full",
+                    ) from None
+                raise _PublishFailed(
+                    StatusCode.UNAVAILABLE,
+                    f"work queue refused the micro-batch for {where}: {exc.description}",
+                    "work-queue-error",
+                ) from None
+            except nats.js.errors.NoStreamResponseError:
+                raise _PublishFailed(
+                    StatusCode.UNAVAILABLE,
+                    f"no JetStream stream answers for {where}",
+                    "work-queue-missing",
+                ) from None
+            except nats.errors.Error as exc:
+                raise _PublishFailed(
+                    StatusCode.UNAVAILABLE,
+                    f"could not publish the micro-batch for {where}: {type(exc).__name__}",
+                    "bus-error",
+                ) from None
+
+    # --- answers -------------------------------------------------------------
+    async def _answer_many(
+        self,
+        state: _QueueState,
+        requests: list[PendingRequest],
+        code: StatusCode,
+        message: str,
+        reason: str,
+    ) -> None:
+        if not requests:
+            return
+        state.metrics.rejected(reason, len(requests))
+        version = state.queue.version
+        for p in requests:
+            await self._answer(
+                p.reply,
+                p.request_id,
+                version,
+                code,
+                message,
+                reason if code is StatusCode.RESOURCE_EXHAUSTED else "",
+            )
+
+    async def _answer(
+        self,
+        reply: str,
+        request_id: str,
+        version: str,
+        code: StatusCode,
+        message: str,
+        reason: str = "",
+    ) -> None:
+        headers = {h.REQUEST_ID: request_id, h.STATUS: code.name, h.ERROR: message}
+        if version:
+            headers[h.VERSION] = version
+        if reason:
+            headers[h.REASON] = reason
+        assert self._nc is not None
+        try:
+            await self._nc.publish(reply, b"", headers=headers)
+        except nats.errors.Error as exc:
+            log.warning(
+                "could not send an error answer: %s",
+                type(exc).__name__,
+                extra={"request_id": request_id, "status": code.name},
+            )

@@ -1,0 +1,358 @@
+"""The batcher in-process against a real nats-server with JetStream.
+
+Each test gets a fresh server (the shared ``nats_server`` fixture) and its own
+subject prefix, so nothing of one test is seen by another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import struct
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js.api import ConsumerConfig, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from prometheus_client import REGISTRY
+
+from inferbus_batcher.service import Batcher
+from inferbus_batcher.settings import BatcherSettings
+from inferbus_common import headers as h
+from inferbus_common.catalog import DeployedVersion, Route, ensure_kv
+from inferbus_common.codec import Tensor
+from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.subjects import Subjects
+from inferbus_common.wire import MicroBatch, decode_batch, encode_tensors
+from inferbus_testing.servers import NatsServer
+
+pytestmark = pytest.mark.integration
+
+MODEL = "scorer/v"  # a name that needs escaping in subjects
+VERSION = "1.0.0"
+POOL = "cpu-a"
+ROW = 4  # FP32 values per row
+_prefixes = itertools.count()
+
+
+def config(**batching: Any) -> ModelConfig:
+    max_batch_size = batching.pop("max_batch_size", 8)
+    return ModelConfig(
+        name=MODEL,
+        max_batch_size=max_batch_size,
+        inputs=[{"name": "x", "datatype": "FP32", "shape": [-1, ROW]}],
+        outputs=[{"name": "y", "datatype": "FP32", "shape": [-1, 1]}],
+        pool=POOL,
+        batching=batching,
+    )
+
+
+class Harness:
+    """One test's prefix, catalog entries, batcher and reply inbox."""
+
+    def __init__(self, nc: Client, url: str) -> None:
+        self.nc = nc
+        self.url = url
+        self.subjects = Subjects(f"bt{next(_prefixes)}")
+        self.inbox = f"{self.subjects.prefix}.reply.test"
+        self.replies: dict[str, nats.aio.msg.Msg] = {}
+        self.reply_count = 0
+        self.duplicates: list[str] = []
+        self._probed = asyncio.Event()
+        self._got = asyncio.Event()
+
+    async def deploy(self, cfg: ModelConfig) -> None:
+        js = self.nc.jetstream()
+        models = await ensure_kv(js, self.subjects.models_bucket)
+        routes = await ensure_kv(js, self.subjects.routes_bucket)
+        dv = DeployedVersion(model=MODEL, version=VERSION, config=cfg, digest="d" * 64)
+        await models.put(self.subjects.model_key(MODEL, VERSION), dv.model_dump_json().encode())
+        route = Route(model=MODEL, stable=VERSION, versions=[VERSION], pool=POOL)
+        await routes.put(self.subjects.model_key(MODEL), route.model_dump_json().encode())
+
+    def settings(self, **kw: Any) -> BatcherSettings:
+        return BatcherSettings(
+            nats_url=self.url,
+            subject_prefix=self.subjects.prefix,
+            instance_id="batcher-test",
+            metrics_port=0,
+            use_uvloop=False,
+            drain_timeout_s=5,
+            stream_max_bytes=8 << 20,
+            **kw,
+        )
+
+    @asynccontextmanager
+    async def batcher(self, **kw: Any) -> AsyncIterator[Batcher]:
+        async def on_reply(msg: nats.aio.msg.Msg) -> None:
+            rid = (msg.headers or {}).get(h.REQUEST_ID, "")
+            if rid.startswith("probe-"):
+                self._probed.set()
+                return
+            if rid in self.replies:
+                self.duplicates.append(rid)
+            self.replies[rid] = msg
+            self.reply_count += 1
+            self._got.set()
+
+        sub = await self.nc.subscribe(f"{self.inbox}.>", cb=on_reply)
+        try:
+            async with Batcher(self.settings(**kw)) as b:
+                await self._probe()
+                yield b
+        finally:
+            await sub.unsubscribe()
+
+    async def _probe(self, timeout: float = 5.0) -> None:
+        """Wait until the batcher demonstrably receives requests.
+
+        nats-server (seen with 2.15.1) can fail to route the first message
+        published right after a new subscription's SUB was flushed; a request
+        for an undeployed model is answered NOT_FOUND once intake works.
+        """
+        async with asyncio.timeout(timeout):
+            for k in itertools.count():
+                await self.send(f"probe-{k}", b"", model="not-deployed")
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.1):
+                        await self._probed.wait()
+                        return
+
+    async def send(
+        self,
+        rid: str,
+        payload: bytes,
+        *,
+        deadline_ns: int | None = None,
+        model: str = MODEL,
+        version: str = VERSION,
+        priority: int | None = None,
+    ) -> None:
+        hdrs = {
+            h.REQUEST_ID: rid,
+            h.MODEL: model,
+            h.VERSION: version,
+            h.REPLY: f"{self.inbox}.{rid}",
+            h.TRACEPARENT: f"00-{'a' * 32}-{'b' * 16}-01",
+        }
+        if deadline_ns is not None:
+            hdrs[h.DEADLINE] = str(deadline_ns)
+        if priority is not None:
+            hdrs[h.PRIORITY] = str(priority)
+        await self.nc.publish(self.subjects.infer(model, version), payload, headers=hdrs)
+
+    async def wait_replies(self, n: int, timeout: float = 5.0) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                while self.reply_count < n:
+                    self._got.clear()
+                    await self._got.wait()
+        except TimeoutError:
+            raise AssertionError(
+                f"{self.reply_count} of {n} replies arrived: {sorted(self.replies)}"
+            ) from None
+        assert self.duplicates == [], f"requests answered twice: {self.duplicates}"
+
+    async def batches(self, want_entries: int, timeout: float = 5.0) -> list[MicroBatch]:
+        """Pull micro-batches from the stream until `want_entries` entries arrived."""
+        js = self.nc.jetstream()
+        psub = await js.pull_subscribe(
+            self.subjects.batch(POOL, MODEL, VERSION),
+            durable=self.subjects.batch_consumer(POOL, MODEL, VERSION),
+            stream=self.subjects.batch_stream,
+            config=ConsumerConfig(ack_wait=30),
+        )
+        out: list[MicroBatch] = []
+        seen = 0
+        deadline = time.monotonic() + timeout
+        while seen < want_entries and time.monotonic() < deadline:
+            try:
+                msgs = await psub.fetch(16, timeout=0.5)
+            except TimeoutError:  # nats' own and asyncio's (both subclass it)
+                continue
+            for m in msgs:
+                assert m.headers[h.MODEL] == MODEL
+                assert m.headers[h.VERSION] == VERSION
+                assert m.headers[h.MSG_ID].startswith("batcher-test-")
+                mb = decode_batch(m.data)
+                out.append(mb)
+                seen += len(mb.entries)
+                await m.ack()
+        await psub.unsubscribe()
+        return out
+
+    async def stream_msgs(self) -> int:
+        info = await self.nc.jetstream().stream_info(self.subjects.batch_stream)
+        return info.state.messages
+
+
+def rows_payload(first: int, rows: int = 1) -> tuple[bytes, bytes]:
+    """A tensor frame with `rows` rows whose values encode `first`; returns (frame, data)."""
+    data = struct.pack(f"<{rows * ROW}f", *[float(first * 100 + i) for i in range(rows * ROW)])
+    return encode_tensors([Tensor("x", "FP32", (rows, ROW), data)]), data
+
+
+@pytest.fixture
+async def harness(nats_client: Client, nats_server: NatsServer) -> Harness:
+    return Harness(nats_client, nats_server.url)
+
+
+async def test_concurrent_requests_become_micro_batches(harness: Harness) -> None:
+    await harness.deploy(config(max_batch_size=8, max_queue_delay_us=20_000))
+    sent: dict[str, bytes] = {}
+    async with harness.batcher():
+        payloads = []
+        for i in range(64):
+            rows = 2 if i % 8 == 0 else 1
+            frame, data = rows_payload(i, rows)
+            sent[f"req-{i}"] = data
+            payloads.append((f"req-{i}", frame))
+        await asyncio.gather(*(harness.send(rid, frame) for rid, frame in payloads))
+        batches = await harness.batches(64)
+    assert harness.replies == {}, "no request may be refused"
+    got: dict[str, bytes] = {}
+    for mb in batches:
+        (x,) = mb.tensors
+        assert x.name == "x"
+        assert x.shape == (mb.rows, ROW)
+        assert mb.rows <= 8
+        row_bytes = ROW * 4
+        offset = 0
+        for e in mb.entries:
+            assert e.request_id not in got, f"{e.request_id} is in two batches"
+            got[e.request_id] = bytes(x.data[offset * row_bytes : (offset + e.rows) * row_bytes])
+            assert e.reply == f"{harness.inbox}.{e.request_id}"
+            assert e.traceparent.startswith("00-")
+            # No Ib-Deadline: the model's default_timeout_ms (30 s) applies.
+            assert e.deadline_ns - e.enqueued_ns == 30_000 * 1_000_000
+            offset += e.rows
+        assert offset == mb.rows
+    assert got == sent
+    assert any(mb.rows > 1 for mb in batches)
+    assert len(batches) < 64
+
+
+async def test_full_queue_answers_resource_exhausted(harness: Harness) -> None:
+    await harness.deploy(config(max_batch_size=64, max_queue_delay_us=10_000_000, max_queue_size=4))
+    frame, _ = rows_payload(1)
+    labels = {"model": MODEL, "version": VERSION, "reason": "queue-full"}
+    before = REGISTRY.get_sample_value("inferbus_batcher_rejections_total", labels) or 0.0
+    async with harness.batcher():
+        start = time.monotonic()
+        for i in range(10):
+            await harness.send(f"q-{i}", frame)
+        await harness.wait_replies(6)
+        elapsed = time.monotonic() - start
+        assert elapsed < 2.0
+        refused = sorted(harness.replies)
+        assert refused == [f"q-{i}" for i in range(4, 10)]
+        for msg in harness.replies.values():
+            assert msg.headers[h.STATUS] == "RESOURCE_EXHAUSTED"
+            assert msg.headers[h.REASON] == "queue-full"
+            assert MODEL in msg.headers[h.ERROR]
+            assert VERSION in msg.headers[h.ERROR]
+            assert "max_queue_size 4" in msg.headers[h.ERROR]
+        after = REGISTRY.get_sample_value("inferbus_batcher_rejections_total", labels)
+        assert after == before + 6
+    # Leaving the batcher flushed the four queued requests as a final batch.
+    batches = await harness.batches(4)
+    assert [[e.request_id for e in mb.entries] for mb in batches] == [[f"q-{i}" for i in range(4)]]
+
+
+async def test_expired_requests_are_answered_and_never_batched(harness: Harness) -> None:
+    await harness.deploy(config(max_batch_size=8, max_queue_delay_us=10_000_000))
+    frame, _ = rows_payload(1)
+    async with harness.batcher():
+        await harness.send("late", frame, deadline_ns=time.time_ns() - 1_000_000)
+        await harness.send("expires", frame, deadline_ns=time.time_ns() + 100_000_000)
+        await harness.wait_replies(2)
+        for rid in ("late", "expires"):
+            assert harness.replies[rid].headers[h.STATUS] == "DEADLINE_EXCEEDED"
+    assert await harness.stream_msgs() == 0
+
+
+async def test_unknown_model_and_bad_body(harness: Harness) -> None:
+    await harness.deploy(config())
+    frame, _ = rows_payload(1)
+    async with harness.batcher():
+        await harness.send("nomodel", frame, model="nope")
+        await harness.send("noversion", frame, version="9")
+        await harness.send("garbage", b"not a frame")
+        wrong = encode_tensors([Tensor("x", "FP32", (1, ROW + 1), bytes(4 * (ROW + 1)))])
+        await harness.send("wrongshape", wrong)
+        await harness.wait_replies(4)
+    r = harness.replies
+    assert r["nomodel"].headers[h.STATUS] == "NOT_FOUND"
+    assert "'nope'" in r["nomodel"].headers[h.ERROR]
+    assert r["noversion"].headers[h.STATUS] == "NOT_FOUND"
+    assert r["garbage"].headers[h.STATUS] == "INVALID_ARGUMENT"
+    assert r["wrongshape"].headers[h.STATUS] == "INVALID_ARGUMENT"
+    assert all(m.headers[h.REQUEST_ID] == rid for rid, m in r.items())
+    assert await harness.stream_msgs() == 0
+
+
+async def test_full_work_queue_answers_each_request_once(harness: Harness) -> None:
+    # A stream that holds one message and has no consumer: the second batch is refused.
+    await harness.nc.jetstream().add_stream(
+        StreamConfig(
+            name=harness.subjects.batch_stream,
+            subjects=[harness.subjects.batch_all],
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.MEMORY,
+            discard=DiscardPolicy.NEW,
+            max_msgs=1,
+        )
+    )
+    await harness.deploy(config(max_batch_size=2, max_queue_delay_us=0))
+    frame, _ = rows_payload(1)
+    async with harness.batcher():
+        await harness.send("first", frame)
+        await harness.send("second", frame)
+        await harness.wait_replies(1)
+    assert sorted(harness.replies) == ["second"]
+    msg = harness.replies["second"]
+    assert msg.headers[h.STATUS] == "RESOURCE_EXHAUSTED"
+    assert msg.headers[h.REASON] == "work-queue-full"
+    assert await harness.stream_msgs() == 1
+
+
+async def test_priority_and_readiness(harness: Harness) -> None:
+    await harness.deploy(
+        config(
+            max_batch_size=4, max_queue_delay_us=10_000_000, priority_levels=2, default_priority=2
+        )
+    )
+    frame, _ = rows_payload(1)
+    async with harness.batcher() as b:
+        assert b.ready() == (True, "ok")
+        for i in range(3):
+            await harness.send(f"low-{i}", frame)
+        await harness.send("high", frame, priority=1)
+        batches = await harness.batches(4)
+    assert [e.request_id for e in batches[0].entries] == ["high", "low-0", "low-1", "low-2"]
+    assert b.ready()[0] is False
+
+
+async def test_unbatched_model_publishes_each_request_alone(harness: Harness) -> None:
+    cfg = ModelConfig(
+        name=MODEL,
+        max_batch_size=0,
+        inputs=[{"name": "x", "datatype": "FP32", "shape": [2, ROW]}],
+        outputs=[{"name": "y", "datatype": "FP32", "shape": [2, 1]}],
+        pool=POOL,
+        batching={"max_queue_delay_us": 10_000_000},
+    )
+    await harness.deploy(cfg)
+    async with harness.batcher():
+        for i in range(3):
+            frame, _ = rows_payload(i, rows=2)
+            await harness.send(f"u-{i}", frame)
+        batches = await harness.batches(3)
+    assert [[e.request_id for e in mb.entries] for mb in batches] == [["u-0"], ["u-1"], ["u-2"]]
+    assert all(mb.tensors[0].shape == (2, ROW) and mb.rows == 2 for mb in batches)
+    assert harness.replies == {}

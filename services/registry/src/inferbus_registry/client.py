@@ -1,0 +1,272 @@
+"""An asyncio client of the registry's gRPC API, for the ``inferbus`` CLI and scripts.
+
+It depends only on grpc, `inferbus_proto` and `inferbus_common`. Services do
+not import it (services never import each other); the worker has its own
+downloader.
+
+Example::
+
+    async with RegistryClient("127.0.0.1:8070") as registry:
+        info = await registry.push("models/fraud/", "fraud", "1.0.0", aliases=["stable"])
+        print(info.digest)
+        await registry.set_alias("fraud", "canary", "1.0.0")
+        await registry.download("fraud", "stable", "model.onnx", Path("/tmp/model.onnx"))
+
+Every method raises the `inferbus_common.errors` class matching the gRPC
+status (`InvalidArgument`, `NotFound`, `FailedPrecondition`, `Unavailable`,
+...), with the registry's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from inferbus_common.errors import InferbusError, Internal, InvalidArgument, error_from_status
+from inferbus_proto.registry import registry_pb2, registry_pb2_grpc
+
+CHUNK_SIZE = 1 << 20
+"""Size of the file chunks a push sends (1 MiB)."""
+
+_MAX_MESSAGE = 64 << 20
+_SKIPPED = frozenset({"config.json", "manifest.json"})
+
+
+def _error(exc: grpc.aio.AioRpcError) -> InferbusError:
+    return error_from_status(exc.code().name, exc.details() or exc.code().name)
+
+
+def artifact_files(path: Path) -> tuple[bytes, list[tuple[str, Path]]]:
+    """The config.json bytes and the (relative path, file) pairs a push of `path` sends.
+
+    Args:
+        path: a version directory (its ``config.json`` is the config; every
+            other file, recursively, is sent except ``manifest.json`` and
+            hidden files) or a single model file with a ``config.json``
+            beside it.
+
+    Raises:
+        InvalidArgument: when no config.json is found.
+    """
+    if path.is_dir():
+        config = path / "config.json"
+        files = [
+            (p.relative_to(path).as_posix(), p)
+            for p in sorted(path.rglob("*"))
+            if p.is_file()
+            and p.relative_to(path).as_posix() not in _SKIPPED
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        ]
+    else:
+        config = path.parent / "config.json"
+        files = [(path.name, path)]
+    if not config.is_file():
+        raise InvalidArgument(f"no config.json at {config}")
+    return config.read_bytes(), files
+
+
+def _push_messages(
+    model: str,
+    version: str,
+    config_json: bytes,
+    aliases: Iterable[str],
+    files: list[tuple[str, Path]],
+) -> Iterator[registry_pb2.PushChunk]:
+    yield registry_pb2.PushChunk(
+        header=registry_pb2.PushHeader(
+            model=model, version=version, config_json=config_json, aliases=list(aliases)
+        )
+    )
+    for rel, file in files:
+        with file.open("rb") as fh:
+            while data := fh.read(CHUNK_SIZE):
+                yield registry_pb2.PushChunk(chunk=registry_pb2.FileChunk(path=rel, data=data))
+
+
+class RegistryClient:
+    """Asyncio client of `inferbus.registry.v1.Registry`.
+
+    Use as ``async with RegistryClient(target) as client``; or call `close`.
+
+    Args:
+        target: ``host:port`` of the registry's gRPC API.
+        timeout_s: deadline of each call except push and download, which may
+            move gigabytes and have none unless given.
+    """
+
+    def __init__(self, target: str, *, timeout_s: float = 30.0) -> None:
+        self._channel = grpc.aio.insecure_channel(
+            target,
+            options=[
+                ("grpc.max_receive_message_length", _MAX_MESSAGE),
+                ("grpc.max_send_message_length", _MAX_MESSAGE),
+            ],
+        )
+        self._stub = registry_pb2_grpc.RegistryStub(self._channel)
+        self._timeout = timeout_s
+
+    async def __aenter__(self) -> RegistryClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel."""
+        await self._channel.close()
+
+    async def push(
+        self,
+        path: Path | str,
+        name: str,
+        version: str,
+        aliases: Iterable[str] = (),
+        *,
+        timeout_s: float | None = None,
+    ) -> registry_pb2.VersionInfo:
+        """Upload a version from a directory or a single model file.
+
+        Files are read and sent in 1 MiB chunks (never whole), from a worker
+        thread so the event loop stays free. Re-pushing the same content is a
+        harmless no-op; different content for an existing version fails.
+
+        Args:
+            path: version directory, or a model file with config.json beside it.
+            name: model name.
+            version: semantic version (``1``, ``1.2``, ``1.2.3``, ``1.2.3-rc.1``).
+            aliases: aliases to point at the version (e.g. ``["stable"]``).
+            timeout_s: optional deadline of the whole upload.
+
+        Returns:
+            The stored version (digest, files with SHA-256, manifest, config).
+
+        Raises:
+            InvalidArgument: bad name, version, config or model file.
+            FailedPrecondition: the version exists with different content.
+        """
+        config_json, files = await asyncio.to_thread(artifact_files, Path(path))
+        messages = _push_messages(name, version, config_json, list(aliases), files)
+        sentinel = object()
+
+        async def stream() -> AsyncIterator[registry_pb2.PushChunk]:
+            while (msg := await asyncio.to_thread(next, messages, sentinel)) is not sentinel:
+                yield msg  # type: ignore[misc]
+
+        try:
+            return await self._stub.PushVersion(stream(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+
+    async def list_models(self) -> list[registry_pb2.ModelInfo]:
+        """Every model with its versions (ascending) and aliases."""
+        try:
+            resp = await self._stub.ListModels(
+                registry_pb2.ListModelsRequest(), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+        return list(resp.models)
+
+    async def get_version(self, model: str, version: str = "") -> registry_pb2.VersionInfo:
+        """One version by number or alias; empty means ``stable``.
+
+        Raises:
+            NotFound: unknown model, version or alias.
+        """
+        try:
+            return await self._stub.GetVersion(
+                registry_pb2.GetVersionRequest(model=model, version=version),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+
+    async def set_alias(self, model: str, alias: str, version: str) -> registry_pb2.ModelInfo:
+        """Point `alias` at `version` (``stable`` moves the route).
+
+        Raises:
+            NotFound: unknown model or version.
+            InvalidArgument: malformed alias, or ``latest`` (managed by the registry).
+        """
+        try:
+            return await self._stub.SetAlias(
+                registry_pb2.SetAliasRequest(model=model, alias=alias, version=version),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+
+    async def download(
+        self,
+        model: str,
+        version: str,
+        path: str,
+        dest: Path | str,
+        *,
+        timeout_s: float | None = None,
+    ) -> Path:
+        """Download one file of a version to `dest` and check its SHA-256.
+
+        The file is written to a temporary file beside `dest` and renamed
+        into place only when complete and matching the manifest, so `dest`
+        never holds a partial or corrupt file.
+
+        Args:
+            model: model name.
+            version: version number or alias (empty = ``stable``).
+            path: file inside the version, e.g. ``model.onnx``.
+            dest: where to write it.
+            timeout_s: optional deadline of the download.
+
+        Returns:
+            `dest` as a `Path`.
+
+        Raises:
+            NotFound: unknown model, version or file.
+            Internal: the bytes received do not match the manifest's SHA-256.
+        """
+        info = await self.get_version(model, version)
+        expected = {f.path: f.sha256 for f in info.files}
+        dest = Path(dest)
+        await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
+        fd, tmp_name = await asyncio.to_thread(
+            tempfile.mkstemp, prefix=f".{dest.name}.", suffix=".part", dir=dest.parent
+        )
+        digest = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                call = self._stub.DownloadFile(
+                    registry_pb2.DownloadFileRequest(model=model, version=info.version, path=path),
+                    timeout=timeout_s,
+                )
+                try:
+                    async for chunk in call:
+                        digest.update(chunk.data)
+                        await asyncio.to_thread(fh.write, chunk.data)
+                except grpc.aio.AioRpcError as exc:
+                    raise _error(exc) from None
+            want = expected.get(path)
+            if want is not None and digest.hexdigest() != want:
+                raise Internal(
+                    f"{model} {info.version} {path}: SHA-256 {digest.hexdigest()} does not "
+                    f"match the manifest ({want})"
+                )
+            await asyncio.to_thread(os.replace, tmp_name, dest)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
+            raise
+        return dest

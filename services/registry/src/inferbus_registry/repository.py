@@ -1,0 +1,505 @@
+"""The model repository: versions, manifests and aliases on top of a `Store`.
+
+Layout (see docs/architecture.md)::
+
+    models/<name>/<version>/<file>          # model.onnx, or any artifact files
+    models/<name>/<version>/config.json     # the version's ModelConfig
+    models/<name>/<version>/manifest.json   # sha256 + size of every file, signature
+    models/<name>/aliases.json              # {"model": ..., "aliases": {alias: version}}
+
+A version exists once its `manifest.json` exists: it is written last, so an
+interrupted push leaves files without a manifest, which a later push of the
+same version simply overwrites. Versions are immutable after that.
+
+This module knows nothing about gRPC or NATS; the service layer maps its
+typed errors to status codes and publishes what it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import ValidationError
+
+from inferbus_common.catalog import DeployedVersion, Route
+from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound
+from inferbus_common.modelconfig import ModelConfig
+from inferbus_registry import naming
+from inferbus_registry.onnxcheck import check_onnx
+from inferbus_registry.store import Store
+
+log = logging.getLogger(__name__)
+
+ROOT = "models"
+CONFIG_FILE = "config.json"
+MANIFEST_FILE = "manifest.json"
+ALIASES_FILE = "aliases.json"
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """One file of a version as recorded in its manifest."""
+
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class VersionRecord:
+    """A stored version: its config, manifest and digest."""
+
+    model: str
+    version: str
+    config: ModelConfig
+    config_json: bytes
+    manifest_json: bytes
+    digest: str
+    """SHA-256 (hex) of `manifest_json`."""
+    files: dict[str, FileInfo]
+    created_unix_ms: int
+
+    def deployed(self) -> DeployedVersion:
+        """The catalog record published in the models KV bucket."""
+        return DeployedVersion(
+            model=self.model,
+            version=self.version,
+            config=self.config,
+            digest=self.digest,
+            files={path: info.sha256 for path, info in self.files.items()},
+            created_unix_ms=self.created_unix_ms,
+        )
+
+
+@dataclass(slots=True)
+class ModelState:
+    """A model's versions (ascending) and aliases."""
+
+    name: str
+    versions: list[str] = field(default_factory=list)
+    aliases: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PushResult:
+    """What a push did."""
+
+    record: VersionRecord
+    state: ModelState
+    created: bool
+    """False when the version already existed with the same content (a retry)."""
+    bytes_stored: int
+
+
+def _version_prefix(model: str, version: str) -> str:
+    return f"{ROOT}/{model}/{version}"
+
+
+def parse_config(config_json: bytes, model: str) -> ModelConfig:
+    """Parse a version's config.json, filling its `name` from the push.
+
+    Raises:
+        InvalidArgument: when the JSON is malformed, does not fit the schema, or
+            names another model.
+    """
+    if not config_json.strip():
+        raise InvalidArgument(f"{model}: config.json is missing from the push header")
+    try:
+        raw = json.loads(config_json)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"{model}: config.json is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise InvalidArgument(f"{model}: config.json must be a JSON object")
+    try:
+        config = ModelConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+            for err in exc.errors(include_url=False)
+        )
+        raise InvalidArgument(f"{model}: config.json is invalid: {problems}") from exc
+    if not config.name:
+        config = config.model_copy(update={"name": model})
+    elif config.name != model:
+        raise InvalidArgument(
+            f"config.json names model {config.name!r} but the push is for {model!r}"
+        )
+    return config
+
+
+def canonical_config_json(config: ModelConfig) -> bytes:
+    """The exact bytes stored as config.json (stable, so retries hash the same)."""
+    return (json.dumps(config.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
+
+
+def build_manifest(
+    model: str, version: str, files: dict[str, FileInfo], created_unix_ms: int
+) -> bytes:
+    """manifest.json bytes; `signature` stays null until Ed25519 signing lands."""
+    doc = {
+        "model": model,
+        "version": version,
+        "files": {
+            path: {"sha256": info.sha256, "size": info.size} for path, info in sorted(files.items())
+        },
+        "created_unix_ms": created_unix_ms,
+        "signature": None,
+    }
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+class _Spool:
+    """Incoming files written to a temporary directory while their SHA-256 is computed."""
+
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root = root
+        self._max = max_bytes
+        self.total = 0
+        self._open: dict[str, tuple[IO[bytes], Any]] = {}
+        self.files: dict[str, FileInfo] = {}
+
+    def path(self, rel: str) -> Path:
+        return self.root.joinpath(*rel.split("/"))
+
+    def write(self, rel: str, data: bytes) -> None:
+        if rel in self.files:
+            raise InvalidArgument(f"file {rel!r} was sent again after another file")
+        self.total += len(data)
+        if self.total > self._max:
+            raise InvalidArgument(f"push exceeds the registry's limit of {self._max} bytes")
+        entry = self._open.get(rel)
+        if entry is None:
+            # A file's chunks come in a row: starting another file closes this one.
+            self._close_all()
+            dest = self.path(rel)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            entry = (dest.open("wb"), hashlib.sha256())
+            self._open[rel] = entry
+        fh, digest = entry
+        fh.write(data)
+        digest.update(data)
+
+    def _close_all(self) -> None:
+        for rel, (fh, digest) in self._open.items():
+            fh.close()
+            size = self.path(rel).stat().st_size
+            self.files[rel] = FileInfo(sha256=digest.hexdigest(), size=size)
+        self._open.clear()
+
+    def finish(self) -> dict[str, FileInfo]:
+        self._close_all()
+        return dict(self.files)
+
+    def abort(self) -> None:
+        for fh, _ in self._open.values():
+            fh.close()
+        self._open.clear()
+
+
+class ModelRepository:
+    """Versions and aliases of every model, kept in a `Store`.
+
+    Args:
+        store: where files live.
+        spool_dir: where pushed files wait while being checked (None = the
+            system temp dir); it needs room for the largest push.
+        max_push_bytes: a push sending more is refused.
+    """
+
+    def __init__(
+        self, store: Store, *, spool_dir: Path | None = None, max_push_bytes: int = 16 << 30
+    ) -> None:
+        self.store = store
+        self._spool_dir = spool_dir
+        self._max_push = max_push_bytes
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, model: str) -> asyncio.Lock:
+        # Pushes and alias changes of one model are serialised in this process.
+        return self._locks.setdefault(model, asyncio.Lock())
+
+    # --- reading -------------------------------------------------------------
+    async def model_names(self) -> list[str]:
+        """Every model that has at least one complete version, sorted."""
+        names = set()
+        for key in await self.store.list(f"{ROOT}/"):
+            parts = key.split("/")
+            if len(parts) == 4 and parts[3] == MANIFEST_FILE:
+                names.add(parts[1])
+        return sorted(names)
+
+    async def versions(self, model: str) -> list[str]:
+        """Complete versions of `model`, ascending."""
+        found = []
+        for key in await self.store.list(f"{ROOT}/{model}/"):
+            parts = key.split("/")
+            if len(parts) == 4 and parts[3] == MANIFEST_FILE:
+                found.append(parts[2])
+        return naming.sort_versions(found)
+
+    async def aliases(self, model: str) -> dict[str, str]:
+        """The model's aliases (empty when it has none)."""
+        try:
+            doc = await self.store.read_json(f"{ROOT}/{model}/{ALIASES_FILE}")
+        except NotFound:
+            return {}
+        return {str(k): str(v) for k, v in dict(doc.get("aliases", {})).items()}
+
+    async def state(self, model: str) -> ModelState:
+        """Versions and aliases of `model`.
+
+        Raises:
+            NotFound: when the model has no version.
+        """
+        naming.check_model_name(model)
+        versions = await self.versions(model)
+        if not versions:
+            raise NotFound(f"no model {model!r}")
+        return ModelState(name=model, versions=versions, aliases=await self.aliases(model))
+
+    async def list_models(self) -> list[ModelState]:
+        """Every model with its versions and aliases."""
+        return [await self.state(name) for name in await self.model_names()]
+
+    async def resolve(self, model: str, version_or_alias: str) -> str:
+        """The version a version number or alias names (empty = ``stable``).
+
+        Raises:
+            NotFound: unknown model, alias or version.
+            InvalidArgument: a malformed name.
+        """
+        naming.check_model_name(model)
+        ref = version_or_alias or "stable"
+        if naming.ALIAS_RE.match(ref):
+            aliases = await self.aliases(model)
+            if ref not in aliases:
+                if not await self.versions(model):
+                    raise NotFound(f"no model {model!r}")
+                raise NotFound(f"model {model!r} has no alias {ref!r}; aliases: {sorted(aliases)}")
+            return aliases[ref]
+        naming.check_version(ref)
+        return ref
+
+    async def get_version(self, model: str, version_or_alias: str = "") -> VersionRecord:
+        """A stored version by number or alias (empty = ``stable``).
+
+        Raises:
+            NotFound: unknown model, alias or version.
+        """
+        version = await self.resolve(model, version_or_alias)
+        prefix = _version_prefix(model, version)
+        try:
+            manifest_json = await self.store.read_bytes(f"{prefix}/{MANIFEST_FILE}")
+        except NotFound:
+            raise NotFound(f"model {model!r} has no version {version!r}") from None
+        config_json = await self.store.read_bytes(f"{prefix}/{CONFIG_FILE}")
+        manifest = json.loads(manifest_json)
+        return VersionRecord(
+            model=model,
+            version=version,
+            config=ModelConfig.model_validate_json(config_json),
+            config_json=config_json,
+            manifest_json=manifest_json,
+            digest=hashlib.sha256(manifest_json).hexdigest(),
+            files={
+                path: FileInfo(sha256=str(f["sha256"]), size=int(f["size"]))
+                for path, f in manifest["files"].items()
+            },
+            created_unix_ms=int(manifest.get("created_unix_ms", 0)),
+        )
+
+    async def open_file(
+        self, model: str, version_or_alias: str, path: str, chunk_size: int
+    ) -> tuple[VersionRecord, AsyncIterator[bytes]]:
+        """A file of a version as a stream of chunks.
+
+        `manifest.json` itself and every file it lists can be read.
+
+        Raises:
+            NotFound: unknown model, version or path.
+        """
+        record = await self.get_version(model, version_or_alias)
+        if path != MANIFEST_FILE and path not in record.files:
+            raise NotFound(
+                f"model {model!r} version {record.version!r} has no file {path!r}; "
+                f"files: {sorted(record.files)}"
+            )
+        key = f"{_version_prefix(model, record.version)}/{path}"
+        return record, self.store.get(key, chunk_size)
+
+    async def route(self, state: ModelState) -> Route | None:
+        """The routing table for a model (None before it has a ``stable`` alias)."""
+        stable = state.aliases.get("stable")
+        if stable is None:
+            return None
+        pool = (await self.get_version(state.name, stable)).config.pool
+        return Route(
+            model=state.name,
+            stable=stable,
+            versions=list(state.versions),
+            aliases=dict(sorted(state.aliases.items())),
+            pool=pool,
+        )
+
+    # --- writing -------------------------------------------------------------
+    async def _write_aliases(self, model: str, aliases: dict[str, str]) -> None:
+        doc = {"model": model, "aliases": dict(sorted(aliases.items()))}
+        await self.store.write_bytes(
+            f"{ROOT}/{model}/{ALIASES_FILE}", (json.dumps(doc, indent=2) + "\n").encode()
+        )
+
+    async def set_alias(self, model: str, alias: str, version: str) -> ModelState:
+        """Point `alias` at an existing `version`.
+
+        Raises:
+            InvalidArgument: malformed alias or version, or a managed alias.
+            NotFound: unknown model or version.
+        """
+        naming.check_model_name(model)
+        naming.check_alias(alias)
+        naming.check_version(version)
+        async with self._lock(model):
+            state = await self.state(model)
+            if version not in state.versions:
+                raise NotFound(
+                    f"model {model!r} has no version {version!r}; versions: {state.versions}"
+                )
+            state.aliases[alias] = version
+            await self._write_aliases(model, state.aliases)
+            return state
+
+    async def push(
+        self,
+        model: str,
+        version: str,
+        config_json: bytes,
+        aliases: list[str],
+        chunks: AsyncIterable[tuple[str, bytes]],
+    ) -> PushResult:
+        """Check and store a new version, then move its aliases.
+
+        Args:
+            model: model name.
+            version: semantic version.
+            config_json: the version's config.json.
+            aliases: aliases to point at the version once stored.
+            chunks: (path, data) pairs; a file's chunks come in a row.
+
+        Returns:
+            The stored version, the model's new state and whether it was new.
+
+        Raises:
+            InvalidArgument: a bad name, version, alias, path, config or model file.
+            FailedPrecondition: the version exists with different content.
+        """
+        naming.check_model_name(model)
+        naming.check_version(version)
+        for alias in aliases:
+            naming.check_alias(alias)
+        config = parse_config(config_json, model)
+        stored_config = canonical_config_json(config)
+
+        tmp = Path(
+            await asyncio.to_thread(tempfile.mkdtemp, prefix="inferbus-push-", dir=self._spool_dir)
+        )
+        try:
+            spool = _Spool(tmp, self._max_push)
+            try:
+                async for path, data in chunks:
+                    naming.check_file_path(path)
+                    await asyncio.to_thread(spool.write, path, data)
+                files = await asyncio.to_thread(spool.finish)
+            finally:
+                spool.abort()
+            if config.file not in files:
+                raise InvalidArgument(
+                    f"{model}: config.json names file {config.file!r} but the push sent "
+                    f"{sorted(files) or 'no files'}"
+                )
+            if config.platform == "onnxruntime_onnx" or config.file.endswith(".onnx"):
+                await asyncio.to_thread(check_onnx, spool.path(config.file), config)
+            files[CONFIG_FILE] = FileInfo(
+                sha256=hashlib.sha256(stored_config).hexdigest(), size=len(stored_config)
+            )
+            async with self._lock(model):
+                return await self._store_version(
+                    model, version, config, stored_config, files, spool, aliases
+                )
+        finally:
+            await asyncio.to_thread(shutil.rmtree, tmp, True)
+
+    async def _store_version(
+        self,
+        model: str,
+        version: str,
+        config: ModelConfig,
+        stored_config: bytes,
+        files: dict[str, FileInfo],
+        spool: _Spool,
+        aliases: list[str],
+    ) -> PushResult:
+        prefix = _version_prefix(model, version)
+        created = True
+        stored = 0
+        try:
+            existing = await self.get_version(model, version)
+        except NotFound:
+            existing = None
+        if existing is not None:
+            if existing.files != files:
+                changed = sorted(
+                    p
+                    for p in set(existing.files) | set(files)
+                    if existing.files.get(p) != files.get(p)
+                )
+                raise FailedPrecondition(
+                    f"model {model!r} version {version!r} already exists with different "
+                    f"content (differs in {changed}); versions are immutable, push a new "
+                    "version instead"
+                )
+            record = existing
+            created = False
+        else:
+            for path, info in sorted(files.items()):
+                if path == CONFIG_FILE:
+                    continue
+                await self.store.put_file(f"{prefix}/{path}", spool.path(path))
+                stored += info.size
+            await self.store.write_bytes(f"{prefix}/{CONFIG_FILE}", stored_config)
+            stored += len(stored_config)
+            created_ms = time.time_ns() // 1_000_000
+            manifest_json = build_manifest(model, version, files, created_ms)
+            # The manifest goes last: its presence is what makes the version exist.
+            await self.store.write_bytes(f"{prefix}/{MANIFEST_FILE}", manifest_json)
+            stored += len(manifest_json)
+            record = VersionRecord(
+                model=model,
+                version=version,
+                config=config,
+                config_json=stored_config,
+                manifest_json=manifest_json,
+                digest=hashlib.sha256(manifest_json).hexdigest(),
+                files=files,
+                created_unix_ms=created_ms,
+            )
+
+        versions = await self.versions(model)
+        current = await self.aliases(model)
+        new_aliases = dict(current)
+        new_aliases["latest"] = naming.highest_version(versions)
+        for alias in aliases:
+            new_aliases[alias] = version
+        new_aliases.setdefault("stable", version)
+        if new_aliases != current:
+            await self._write_aliases(model, new_aliases)
+        state = ModelState(name=model, versions=versions, aliases=new_aliases)
+        return PushResult(record=record, state=state, created=created, bytes_stored=stored)

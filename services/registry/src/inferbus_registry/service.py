@@ -1,0 +1,263 @@
+"""The gRPC `Registry` service: protobuf in, repository and publisher calls, protobuf out.
+
+Typed `InferbusError`s become gRPC statuses with their message; anything else
+is logged and answered INTERNAL without its details.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterable, AsyncIterator
+
+import grpc
+import nats.errors
+import nats.js.errors
+
+from inferbus_common.errors import (
+    FailedPrecondition,
+    InferbusError,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
+from inferbus_proto.registry import registry_pb2, registry_pb2_grpc
+from inferbus_registry import metrics
+from inferbus_registry.publisher import CatalogPublisher
+from inferbus_registry.repository import ModelRepository, ModelState, VersionRecord
+from inferbus_registry.store import CHUNK_SIZE
+
+log = logging.getLogger(__name__)
+
+#: Failures of NATS calls: the bus is down or slow, the request may be retried.
+NATS_ERRORS: tuple[type[Exception], ...] = (nats.errors.Error, nats.js.errors.Error, TimeoutError)
+
+
+def _as_error(exc: Exception, what: str) -> InferbusError:
+    if isinstance(exc, InferbusError):
+        return exc
+    log.error("%s failed", what, exc_info=exc)
+    return Internal(f"{what} failed: internal error (see registry logs)")
+
+
+async def _abort(context: grpc.aio.ServicerContext, err: InferbusError) -> None:
+    await context.abort(grpc.StatusCode[err.code.grpc_name], err.message)
+
+
+def version_info(record: VersionRecord, state: ModelState | None) -> registry_pb2.VersionInfo:
+    """The protobuf `VersionInfo` of a stored version (aliases from `state`)."""
+    aliases = sorted(a for a, v in state.aliases.items() if v == record.version) if state else []
+    return registry_pb2.VersionInfo(
+        model=record.model,
+        version=record.version,
+        config_json=record.config_json,
+        manifest_json=record.manifest_json,
+        digest=record.digest,
+        aliases=aliases,
+        files=[
+            registry_pb2.FileEntry(path=path, size=info.size, sha256=info.sha256)
+            for path, info in sorted(record.files.items())
+        ],
+        created_unix_ms=record.created_unix_ms,
+    )
+
+
+def model_info(state: ModelState) -> registry_pb2.ModelInfo:
+    """The protobuf `ModelInfo` of a model."""
+    return registry_pb2.ModelInfo(
+        name=state.name, versions=list(state.versions), aliases=dict(state.aliases)
+    )
+
+
+class RegistryService(registry_pb2_grpc.RegistryServicer):
+    """Implements `inferbus.registry.v1.Registry`.
+
+    Args:
+        repo: the model repository.
+        publisher: writes the catalog to NATS KV and publishes events.
+        chunk_size: size of `DownloadFile` chunks.
+        drain_timeout_s: how long a refused push may keep sending before the
+            call is ended (see `_drain`).
+    """
+
+    def __init__(
+        self,
+        repo: ModelRepository,
+        publisher: CatalogPublisher,
+        *,
+        chunk_size: int = CHUNK_SIZE,
+        drain_timeout_s: float = 60.0,
+    ) -> None:
+        self._repo = repo
+        self._drain_timeout_s = drain_timeout_s
+        self._publisher = publisher
+        self._chunk_size = chunk_size
+
+    async def _publish(self, record: VersionRecord | None, state: ModelState) -> None:
+        try:
+            if record is not None:
+                await self._publisher.publish_version(record)
+            await self._publisher.publish_route(self._repo, state)
+        except NATS_ERRORS as exc:
+            # The store already holds the change; repeating the call republishes.
+            raise Unavailable(
+                f"model {state.name!r} is stored but the catalog could not be updated on "
+                f"NATS ({type(exc).__name__}); retry the call"
+            ) from exc
+
+    async def _push(
+        self, messages: AsyncIterator[registry_pb2.PushChunk]
+    ) -> registry_pb2.VersionInfo:
+        first = await anext(messages, None)
+        if first is None or first.WhichOneof("kind") != "header":
+            raise InvalidArgument("the first PushVersion message must be a header")
+        header = first.header
+
+        async def chunks() -> AsyncIterator[tuple[str, bytes]]:
+            async for msg in messages:
+                if msg.WhichOneof("kind") != "chunk":
+                    raise InvalidArgument("a PushVersion stream carries exactly one header")
+                yield msg.chunk.path, msg.chunk.data
+
+        result = await self._repo.push(
+            header.model,
+            header.version,
+            header.config_json,
+            list(header.aliases),
+            chunks(),
+        )
+        metrics.BYTES_STORED.inc(result.bytes_stored)
+        await self._publish(result.record, result.state)
+        await self._publisher.event(
+            header.model,
+            "version_pushed",
+            version=result.record.version,
+            digest=result.record.digest,
+            created=result.created,
+            aliases=result.state.aliases,
+        )
+        log.info(
+            "version %s",
+            "pushed" if result.created else "re-pushed unchanged",
+            extra={"model": header.model, "version": header.version},
+        )
+        metrics.PUSHES.labels("created" if result.created else "unchanged").inc()
+        return version_info(result.record, result.state)
+
+    async def PushVersion(
+        self,
+        request_iterator: AsyncIterable[registry_pb2.PushChunk],
+        context: grpc.aio.ServicerContext,
+    ) -> registry_pb2.VersionInfo:
+        """Receive, check, store and publish a version (see the .proto)."""
+        messages = aiter(request_iterator)
+        try:
+            return await self._push(messages)
+        except Exception as exc:
+            err = _as_error(exc, "PushVersion")
+        result = {InvalidArgument: "invalid", FailedPrecondition: "conflict"}.get(
+            type(err), "error"
+        )
+        metrics.PUSHES.labels(result).inc()
+        await self._drain(messages)
+        await _abort(context, err)
+        raise AssertionError("unreachable: context.abort raises")
+
+    async def _drain(self, messages: AsyncIterator[registry_pb2.PushChunk]) -> None:
+        """Read and drop the rest of a refused push before answering.
+
+        grpcio's asyncio client reports INTERNAL ("Internal error from Core")
+        instead of the server's status when the server ends a client-streamed
+        call while a write is in flight (grpc/grpc#36066). Letting the client
+        finish sending first makes the real status (e.g. INVALID_ARGUMENT with
+        its message) reach it. Bounded in time so a stalled client cannot hold
+        the call open.
+        """
+        try:
+            async with asyncio.timeout(self._drain_timeout_s):
+                async for _ in messages:
+                    pass
+        except TimeoutError:
+            log.warning("refused push still sending after %.0f s; aborting", self._drain_timeout_s)
+        except Exception as exc:
+            # The request stream itself failed (client gone); nothing left to drain.
+            log.debug("request stream ended while draining: %s", exc)
+
+    async def ListModels(
+        self, request: registry_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> registry_pb2.ListModelsResponse:
+        """Every model with its versions and aliases."""
+        try:
+            states = await self._repo.list_models()
+            return registry_pb2.ListModelsResponse(models=[model_info(s) for s in states])
+        except Exception as exc:
+            err = _as_error(exc, "ListModels")
+        await _abort(context, err)
+        raise AssertionError("unreachable: context.abort raises")
+
+    async def GetVersion(
+        self, request: registry_pb2.GetVersionRequest, context: grpc.aio.ServicerContext
+    ) -> registry_pb2.VersionInfo:
+        """One version by number or alias (empty = ``stable``)."""
+        try:
+            record = await self._repo.get_version(request.model, request.version)
+            state = await self._repo.state(request.model)
+            return version_info(record, state)
+        except Exception as exc:
+            err = _as_error(exc, "GetVersion")
+        await _abort(context, err)
+        raise AssertionError("unreachable: context.abort raises")
+
+    async def SetAlias(
+        self, request: registry_pb2.SetAliasRequest, context: grpc.aio.ServicerContext
+    ) -> registry_pb2.ModelInfo:
+        """Point an alias at a version and move the route."""
+        try:
+            previous = (await self._repo.aliases(request.model)).get(request.alias, "")
+            state = await self._repo.set_alias(request.model, request.alias, request.version)
+            await self._publish(None, state)
+            await self._publisher.event(
+                request.model,
+                "alias_set",
+                alias=request.alias,
+                version=request.version,
+                previous=previous or None,
+                aliases=state.aliases,
+            )
+            log.info(
+                "alias %s set",
+                request.alias,
+                extra={"model": request.model, "version": request.version},
+            )
+            return model_info(state)
+        except Exception as exc:
+            err = _as_error(exc, "SetAlias")
+        await _abort(context, err)
+        raise AssertionError("unreachable: context.abort raises")
+
+    async def DownloadFile(
+        self, request: registry_pb2.DownloadFileRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[registry_pb2.FileChunk]:
+        """Stream one file of a version in chunks of at most 1 MiB."""
+        try:
+            record, chunks = await self._repo.open_file(
+                request.model, request.version, request.path, self._chunk_size
+            )
+            sent = 0
+            async for data in chunks:
+                sent += len(data)
+                yield registry_pb2.FileChunk(path=request.path, data=data)
+            metrics.DOWNLOADS.labels("ok").inc()
+            metrics.DOWNLOAD_BYTES.inc(sent)
+            log.debug(
+                "file %s sent (%d bytes)",
+                request.path,
+                sent,
+                extra={"model": record.model, "version": record.version},
+            )
+            return
+        except Exception as exc:
+            err = _as_error(exc, "DownloadFile")
+        metrics.DOWNLOADS.labels("not_found" if isinstance(err, NotFound) else "error").inc()
+        await _abort(context, err)
