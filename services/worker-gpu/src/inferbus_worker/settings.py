@@ -29,3 +29,17 @@ class WorkerSettings(ServiceSettings):
     """JetStream ack wait of the batch consumers: a batch not acked by then is redelivered."""
     max_deliver: int = Field(default=5, ge=1)
     """Deliveries of one micro-batch before it is given up."""
+    fetch_timeout_s: float = Field(default=1.0, gt=0)
+    """Long-poll time of one fetch; also the longest a drain waits for a pending fetch."""
+    max_merge_batches: int = Field(default=32, ge=1)
+    """Most waiting micro-batches joined into one engine execution (1 disables merging)."""
+    nak_delay_s: float = Field(default=0.5, ge=0)
+    """Redelivery delay of a batch whose engine run failed for a transient reason."""
+    max_ack_pending: int = Field(default=1024, ge=1)
+    """Un-acked micro-batches a pool's consumer allows in flight (all its workers together)."""
+    load_retry_s: float = Field(default=5.0, gt=0)
+    """Wait before retrying a version whose load failed (registry down, bad file)."""
+    registry_timeout_s: float = Field(default=300.0, gt=0)
+    """Limit for downloading one artifact file from the registry."""
+    trt_cache_dir: Path | None = None
+    """Engine cache of the TensorRT execution provider; ``<cache_dir>/tensorrt`` when unset."""

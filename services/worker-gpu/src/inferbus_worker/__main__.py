@@ -1,0 +1,26 @@
+"""``python -m inferbus_worker``: run a worker until SIGTERM, then drain."""
+
+from __future__ import annotations
+
+from inferbus_common.lifecycle import run, stop_event_on_signals
+from inferbus_common.logs import setup_logging
+from inferbus_worker.settings import WorkerSettings
+from inferbus_worker.worker import Worker
+
+
+async def serve(settings: WorkerSettings) -> None:
+    """Serve until SIGTERM or SIGINT, then drain (exit status 0)."""
+    stop = stop_event_on_signals()
+    async with Worker(settings):
+        await stop.wait()
+
+
+def main() -> None:
+    """Entry point: build settings once, set up logging, run the event loop."""
+    settings = WorkerSettings()
+    setup_logging("worker", settings.log_level, settings.log_format)
+    run(lambda: serve(settings), use_uvloop=settings.use_uvloop)
+
+
+if __name__ == "__main__":
+    main()

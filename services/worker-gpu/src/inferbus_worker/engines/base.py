@@ -1,0 +1,65 @@
+"""The engine contract every backend implements, and what they share."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from inferbus_common.errors import Internal, InvalidArgument
+from inferbus_common.modelconfig import ModelConfig
+
+
+class EngineError(Internal):
+    """The engine failed for a reason that is not the input's fault."""
+
+
+class EngineInputError(InvalidArgument):
+    """The engine rejected the inputs (shape, type, names): retrying cannot help."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A loaded model that computes outputs from inputs.
+
+    `run` is called from up to ``instance_count`` threads at once (the worker
+    runs engines in a thread pool; the backends release the GIL while
+    computing), so implementations must be thread-safe.
+    """
+
+    @property
+    def description(self) -> str:
+        """Backend and providers in words, for logs and status."""
+        ...
+
+    def load(self) -> None:
+        """Load the artifact and allocate what running needs (slow; run in a thread)."""
+        ...
+
+    def warmup(self, batch_sizes: Sequence[int]) -> None:
+        """Run the model once per batch size so the first requests are not slow."""
+        ...
+
+    def run(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """Compute `output_names` from `inputs` (batch axis 0).
+
+        Raises:
+            EngineInputError: the engine refused these inputs.
+            EngineError: the engine failed otherwise.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the model and its memory; `run` must not be called after."""
+        ...
+
+
+def warmup_batch_sizes(config: ModelConfig) -> list[int]:
+    """Batch sizes to warm up: 1, the preferred sizes and the maximum."""
+    if config.max_batch_size <= 0:
+        return [0]
+    sizes = {1, config.max_batch_size, *config.batching.preferred_batch_sizes}
+    return sorted(s for s in sizes if 1 <= s <= config.max_batch_size)

@@ -1,0 +1,61 @@
+"""Prometheus metrics of the worker (process-wide, in the default registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LABELS = ("model", "version")
+
+BATCHES = Counter(
+    "inferbus_worker_batches",
+    "Micro-batches handled, by outcome (ok, expired, invalid, failed, retried, garbage).",
+    [*_LABELS, "outcome"],
+)
+ROWS = Counter(
+    "inferbus_worker_rows",
+    "Rows the engine computed (expired requests' rows are not counted: they are not computed).",
+    _LABELS,
+)
+BATCH_SIZE = Histogram(
+    "inferbus_worker_batch_size",
+    "Rows per engine execution.",
+    _LABELS,
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+QUEUE_SECONDS = Histogram(
+    "inferbus_worker_queue_seconds",
+    "Time from the batcher accepting a request to the engine starting on it.",
+    _LABELS,
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+COMPUTE_SECONDS = Histogram(
+    "inferbus_worker_compute_seconds",
+    "Engine execution time per micro-batch.",
+    _LABELS,
+    buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
+REPLIES = Counter(
+    "inferbus_worker_replies",
+    "Replies sent to requests, by status (OK or a StatusCode name).",
+    [*_LABELS, "status"],
+)
+REDELIVERIES = Counter(
+    "inferbus_worker_redeliveries",
+    "Micro-batches received more than once (num_delivered > 1).",
+    _LABELS,
+)
+MODELS_LOADED = Gauge(
+    "inferbus_worker_models_loaded",
+    "Model versions this worker serves right now.",
+)
+LOAD_SECONDS = Histogram(
+    "inferbus_worker_load_seconds",
+    "Time to fetch, load and warm up a model version.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+
+MERGED = Counter(
+    "inferbus_worker_merged_batches",
+    "Micro-batches that were joined with others into one engine execution.",
+    _LABELS,
+)

@@ -1,0 +1,452 @@
+"""Serving one loaded model version: pull micro-batches, run the engine, reply, ack.
+
+A `ModelRunner` owns the version's engine, a thread pool of
+``instance_count`` threads and a pull subscription on the version's durable
+consumer. It asks JetStream for one micro-batch per free execution slot and
+for none while every slot is busy, so a busy worker leaves work in the queue
+for idle ones.
+
+Per micro-batch:
+
+1. garbage that does not decode is terminated (never redelivered);
+2. requests whose deadline passed are answered ``DEADLINE_EXCEEDED`` and
+   their rows are not computed;
+3. the rest run on the engine from zero-copy views of the message;
+4. every request gets exactly one reply, then the connection is flushed,
+   and only then is the micro-batch acked: a worker dying before the ack
+   gets the batch redelivered (at-least-once inside, the gateway keeps the
+   first answer);
+5. inputs the engine rejects are answered ``INVALID_ARGUMENT`` and the batch
+   is terminated; other engine failures are retried with ``nak(delay)`` until
+   the last delivery, which is answered ``INTERNAL`` and terminated.
+
+Merging: when a fetched micro-batch says more are waiting for the consumer
+(JetStream's ``num_pending``), the runner takes those at once (a no-wait
+pull) and joins batches with the same tensor signature up to
+``max_batch_size`` rows into one engine execution. Under load the batches
+that queued up while the engine was busy thus run as one full batch; when
+idle nothing waits (the batcher may dispatch early and the engine still
+fills). A merged group is acked, nak'ed or terminated as a whole; if the
+engine rejects a merged input, each batch is retried alone so one bad batch
+cannot fail its neighbours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import nats.errors
+import nats.js.errors
+import numpy as np
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from inferbus_common import headers as h
+from inferbus_common.catalog import DeployedVersion
+from inferbus_common.errors import InvalidArgument, StatusCode
+from inferbus_common.subjects import Subjects
+from inferbus_common.wire import (
+    BatchEntry,
+    FrameError,
+    MicroBatch,
+    batch_signature,
+    decode_batch,
+    join_tensors,
+)
+from inferbus_worker import metrics
+from inferbus_worker.engines import Engine, EngineError, EngineInputError
+from inferbus_worker.microbatch import (
+    LiveRequest,
+    ReplyContext,
+    error_reply,
+    gather_inputs,
+    ok_reply,
+    split_expired,
+)
+from inferbus_worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError)
+"""Failures talking to NATS: transient, the batch is redelivered."""
+
+
+class ModelRunner:
+    """Pulls and computes the micro-batches of one model version.
+
+    Args:
+        nc: connected NATS client (replies are published on it).
+        js: its JetStream context.
+        subjects: naming scheme.
+        settings: worker settings (pool, ack wait, deliveries, fetch timing).
+        deployed: the version served.
+        engine: its engine, loaded and warmed up; the runner closes it.
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        subjects: Subjects,
+        settings: WorkerSettings,
+        deployed: DeployedVersion,
+        engine: Engine,
+    ) -> None:
+        self._nc = nc
+        self._js = js
+        self._subjects = subjects
+        self._settings = settings
+        self.deployed = deployed
+        self._config = deployed.config
+        self._engine = engine
+        self._slots = deployed.config.instance_count
+        self._free = self._slots
+        self._slot_freed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._pool = ThreadPoolExecutor(
+            max_workers=self._slots, thread_name_prefix=f"engine-{deployed.model}"
+        )
+        self._psub: JetStreamContext.PullSubscription | None = None
+        self._pull_task: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._reply_ctx = ReplyContext(deployed.version, deployed.digest)
+        self._outputs = [s.name for s in deployed.config.outputs]
+        self._labels = {"model": deployed.model, "version": deployed.version}
+        self._log_extra = {"model": deployed.model, "version": deployed.version}
+        # Most micro-batches one execution may join (each holds at least one row).
+        self._merge_limit = (
+            min(settings.max_merge_batches, deployed.config.max_batch_size)
+            if deployed.config.max_batch_size > 1
+            else 1
+        )
+
+    @property
+    def consumer(self) -> str:
+        """Durable consumer name of this pool/model/version."""
+        return self._subjects.batch_consumer(
+            self._settings.pool, self.deployed.model, self.deployed.version
+        )
+
+    async def start(self) -> None:
+        """Create (idempotently) and bind the durable consumer, then start pulling."""
+        subject = self._subjects.batch(
+            self._settings.pool, self.deployed.model, self.deployed.version
+        )
+        config = ConsumerConfig(
+            durable_name=self.consumer,
+            filter_subject=subject,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self._settings.ack_wait_s,
+            max_deliver=self._settings.max_deliver,
+            # Bounds what a pool holds un-acked; each worker asks for no more than its slots.
+            max_ack_pending=self._settings.max_ack_pending,
+        )
+        await self._js.add_consumer(self._subjects.batch_stream, config)
+        self._psub = await self._js.pull_subscribe_bind(
+            durable=self.consumer, stream=self._subjects.batch_stream
+        )
+        self._pull_task = asyncio.create_task(self._pull_loop(), name=f"pull-{self.consumer}")
+
+    async def stop(self) -> None:
+        """Drain: stop pulling, finish and ack in-flight batches, close the engine."""
+        self._stopping.set()
+        self._slot_freed.set()
+        if self._pull_task is not None:
+            await self._pull_task
+            self._pull_task = None
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+        if self._psub is not None:
+            with contextlib.suppress(*_NATS_ERRORS):
+                await self._psub.unsubscribe()
+            self._psub = None
+        self._pool.shutdown(wait=True)
+        await asyncio.to_thread(self._engine.close)
+
+    async def _pull_loop(self) -> None:
+        assert self._psub is not None
+        while not self._stopping.is_set():
+            if self._free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            try:
+                # One batch per free slot. A long poll for one returns as soon as a
+                # batch is there; nats-py's fetch(n > 1) would hold the first batch
+                # until n arrive or the poll expires, and leave a pull request open
+                # on the server that delivers batches nobody has a slot for.
+                msgs = await self._psub.fetch(1, timeout=self._settings.fetch_timeout_s)
+            except (nats.errors.TimeoutError, TimeoutError):
+                # No batch within the poll (TimeoutError first: it is an OSError too).
+                continue
+            except _NATS_ERRORS as exc:
+                log.warning("fetch failed: %s", exc, extra=self._log_extra)
+                await asyncio.sleep(self._settings.fetch_timeout_s)
+                continue
+            if self._merge_limit > 1 and msgs:
+                pending = msgs[-1].metadata.num_pending or 0
+                if pending > 0:
+                    msgs += await self._fetch_waiting(min(pending, self._merge_limit - 1))
+            for group in self._plan(msgs):
+                self._free -= 1
+                task = asyncio.create_task(self._handle(group))
+                self._inflight.add(task)
+                task.add_done_callback(self._finished)
+
+    async def _fetch_waiting(self, count: int) -> list[Msg]:
+        """Take up to `count` micro-batches that are already waiting, without waiting.
+
+        A JetStream no-wait pull: the server sends what it has, then a
+        ``404 No Messages`` status. Unlike nats-py's ``fetch(n)``, this never
+        lingers on the server waiting for batches that have not arrived.
+        """
+        assert self._psub is not None
+        psub = self._psub
+        request = json.dumps({"batch": count, "no_wait": True}).encode()
+        out: list[Msg] = []
+        try:
+            await self._nc.publish(psub._nms, request, psub._deliver)
+            while len(out) < count:
+                msg = await psub._sub.next_msg(timeout=self._settings.fetch_timeout_s)
+                if msg.headers and msg.headers.get("Status"):
+                    break  # 404/408: nothing more right now
+                out.append(msg)
+        except (nats.errors.TimeoutError, TimeoutError):
+            pass
+        except _NATS_ERRORS as exc:
+            log.warning("fetching waiting batches failed: %s", exc, extra=self._log_extra)
+        return out
+
+    def _plan(self, msgs: list[Msg]) -> list[list[tuple[Msg, MicroBatch | None]]]:
+        """Group fetched micro-batches into engine executions.
+
+        Batches with the same tensor signature are joined in arrival order up
+        to `max_batch_size` rows; undecodable ones form groups of their own (to
+        be terminated).
+        """
+        groups: list[list[tuple[Msg, MicroBatch | None]]] = []
+        open_groups: dict[tuple, tuple[list[tuple[Msg, MicroBatch | None]], int]] = {}
+        for msg in msgs:
+            try:
+                batch: MicroBatch | None = decode_batch(msg.data)
+            except FrameError:
+                groups.append([(msg, None)])
+                continue
+            assert batch is not None
+            rows = batch.rows
+            if self._merge_limit <= 1:
+                groups.append([(msg, batch)])
+                continue
+            key = batch_signature(batch.tensors)
+            current = open_groups.get(key)
+            if current is not None and current[1] + rows <= self._config.max_batch_size:
+                current[0].append((msg, batch))
+                open_groups[key] = (current[0], current[1] + rows)
+            else:
+                group = [(msg, batch)]
+                groups.append(group)
+                open_groups[key] = (group, rows)
+        return groups
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        self._free += 1
+        self._slot_freed.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("batch handler crashed: %r", task.exception(), extra=self._log_extra)
+
+    async def _handle(self, group: list[tuple[Msg, MicroBatch | None]]) -> None:
+        msgs = [m for m, _ in group]
+        try:
+            if group[0][1] is None:
+                await self._terminate_garbage(msgs[0])
+            elif len(group) == 1:
+                await self._process(msgs, group[0][1], split_on_reject=False)
+            else:
+                batches = [b for _, b in group if b is not None]
+                merged = MicroBatch(
+                    [e for b in batches for e in b.entries],
+                    join_tensors([b.tensors for b in batches]),
+                )
+                metrics.MERGED.labels(**self._labels).inc(len(group))
+                if not await self._process(msgs, merged, split_on_reject=True):
+                    # The engine rejected the joined input: find the culprit alone.
+                    for msg, batch in group:
+                        assert batch is not None
+                        await self._process([msg], batch, split_on_reject=False)
+        except _NATS_ERRORS as exc:
+            # Replies or the ack did not get out; the batch comes back after ack_wait.
+            log.warning("lost the bus while answering a batch: %s", exc, extra=self._log_extra)
+            metrics.BATCHES.labels(**self._labels, outcome="failed").inc()
+        except Exception:  # a bug must not kill the worker; CancelledError is not an Exception
+            log.exception("unexpected error handling a batch", extra=self._log_extra)
+            metrics.BATCHES.labels(**self._labels, outcome="failed").inc()
+            for msg in msgs:
+                with contextlib.suppress(*_NATS_ERRORS):
+                    await msg.nak(delay=self._settings.nak_delay_s)
+
+    async def _terminate_garbage(self, msg: Msg) -> None:
+        # Nobody can be answered: the reply subjects are inside the garbage.
+        log.error("terminating an undecodable micro-batch", extra=self._log_extra)
+        await msg.term()
+        metrics.BATCHES.labels(**self._labels, outcome="garbage").inc()
+
+    async def _reply(self, entry: BatchEntry, headers: dict[str, str], body: bytes, status: str):
+        if entry.reply:
+            await self._nc.publish(entry.reply, body, headers=headers)
+        metrics.REPLIES.labels(**self._labels, status=status).inc()
+
+    async def _fail_all(self, entries: list[BatchEntry], code: StatusCode, message: str) -> None:
+        for entry in entries:
+            headers, body = error_reply(self._reply_ctx, entry, code, message)
+            await self._reply(entry, headers, body, code.name)
+
+    async def _process(self, msgs: list[Msg], batch: MicroBatch, *, split_on_reject: bool) -> bool:
+        """Run one (possibly merged) micro-batch; False when a merged input was rejected
+        and nothing was answered yet (the caller retries the batches alone)."""
+        delivered = max(m.metadata.num_delivered for m in msgs)
+        redelivered = sum(1 for m in msgs if m.metadata.num_delivered > 1)
+        if redelivered:
+            metrics.REDELIVERIES.labels(**self._labels).inc(redelivered)
+        live_idx, expired_idx = split_expired(batch, h.now_ns())
+        for i in expired_idx:
+            entry = batch.entries[i]
+            headers, body = error_reply(
+                self._reply_ctx,
+                entry,
+                StatusCode.DEADLINE_EXCEEDED,
+                "deadline passed before the model ran",
+            )
+            await self._reply(entry, headers, body, StatusCode.DEADLINE_EXCEEDED.name)
+        if not live_idx:
+            await self._nc.flush()
+            for msg in msgs:
+                await msg.ack()
+            metrics.BATCHES.labels(**self._labels, outcome="expired").inc(len(msgs))
+            return True
+        live_entries = [batch.entries[i] for i in live_idx]
+        try:
+            inputs, requests = gather_inputs(self._config, batch, live_idx)
+        except InvalidArgument as exc:
+            if split_on_reject:
+                return False
+            await self._poison(msgs, live_entries, StatusCode.INVALID_ARGUMENT, exc.message)
+            return True
+        start_ns = h.now_ns()
+        t0 = time.monotonic()
+        try:
+            outputs = await self._compute(msgs, inputs)
+        except EngineInputError as exc:
+            if split_on_reject:
+                # Expired requests may be answered twice then; the gateway keeps the first.
+                return False
+            await self._poison(msgs, live_entries, StatusCode.INVALID_ARGUMENT, exc.message)
+            return True
+        except EngineError as exc:
+            if delivered < self._settings.max_deliver:
+                log.warning(
+                    "engine failed (delivery %d), retrying later: %s",
+                    delivered,
+                    exc,
+                    extra=self._log_extra,
+                )
+                for msg in msgs:
+                    await msg.nak(delay=self._settings.nak_delay_s)
+                metrics.BATCHES.labels(**self._labels, outcome="retried").inc(len(msgs))
+                return True
+            await self._poison(msgs, live_entries, StatusCode.INTERNAL, "the model failed to run")
+            return True
+        compute_s = time.monotonic() - t0
+        rows = sum(r.entry.rows for r in requests)
+        self._observe(requests, rows, start_ns, compute_s)
+        await self._answer(requests, outputs, rows, start_ns, compute_s)
+        await self._nc.flush()
+        for msg in msgs:
+            await msg.ack()
+        metrics.BATCHES.labels(**self._labels, outcome="ok").inc(len(msgs))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "batch answered",
+                extra={
+                    **self._log_extra,
+                    "batch_size": rows,
+                    "latency_ms": round(compute_s * 1000, 3),
+                    "request_id": ",".join(r.entry.request_id for r in requests),
+                },
+            )
+        return True
+
+    async def _compute(
+        self, msgs: list[Msg], inputs: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._pool, self._engine.run, inputs, self._outputs)
+        # Tell JetStream the batch is still being worked on, so a long
+        # execution is not redelivered to another worker.
+        interval = self._settings.ack_wait_s / 3
+        while True:
+            done, _ = await asyncio.wait({future}, timeout=interval)
+            if done:
+                return future.result()
+            for msg in msgs:
+                with contextlib.suppress(*_NATS_ERRORS):
+                    await msg.in_progress()
+
+    def _observe(self, requests: list[LiveRequest], rows: int, start_ns: int, compute_s: float):
+        metrics.ROWS.labels(**self._labels).inc(rows)
+        metrics.BATCH_SIZE.labels(**self._labels).observe(rows)
+        metrics.COMPUTE_SECONDS.labels(**self._labels).observe(compute_s)
+        queue_hist = metrics.QUEUE_SECONDS.labels(**self._labels)
+        for r in requests:
+            if r.entry.enqueued_ns:
+                queue_hist.observe(max(0.0, (start_ns - r.entry.enqueued_ns) / 1e9))
+
+    async def _answer(
+        self,
+        requests: list[LiveRequest],
+        outputs: dict[str, np.ndarray],
+        rows: int,
+        start_ns: int,
+        compute_s: float,
+    ) -> None:
+        batched = self._config.max_batch_size > 0
+        for r in requests:
+            queue_ms = (
+                max(0.0, (start_ns - r.entry.enqueued_ns) / 1e6) if r.entry.enqueued_ns else 0.0
+            )
+            try:
+                headers, body = ok_reply(
+                    self._reply_ctx,
+                    r,
+                    outputs,
+                    batched=batched,
+                    queue_ms=queue_ms,
+                    compute_ms=compute_s * 1000,
+                    batch_rows=rows,
+                )
+            except InvalidArgument as exc:
+                headers, body = error_reply(
+                    self._reply_ctx, r.entry, StatusCode.INVALID_ARGUMENT, exc.message
+                )
+                await self._reply(r.entry, headers, body, StatusCode.INVALID_ARGUMENT.name)
+                continue
+            await self._reply(r.entry, headers, body, "OK")
+
+    async def _poison(
+        self, msgs: list[Msg], entries: list[BatchEntry], code: StatusCode, message: str
+    ) -> None:
+        """Answer every request with an error and terminate the batches (no redelivery)."""
+        log.warning("terminating a micro-batch: %s", message, extra=self._log_extra)
+        await self._fail_all(entries, code, message)
+        await self._nc.flush()
+        for msg in msgs:
+            await msg.term()
+        outcome = "invalid" if code is StatusCode.INVALID_ARGUMENT else "failed"
+        metrics.BATCHES.labels(**self._labels, outcome=outcome).inc(len(msgs))

@@ -1,0 +1,315 @@
+"""The worker process: follows the catalog, loads versions, serves them, reports status.
+
+`Worker` is an async context manager. Entering it serves /metrics /healthz
+/readyz, connects to NATS, makes sure the micro-batch stream exists, opens the
+`Catalog` and starts two owned tasks:
+
+* the reconciler: the versions to serve are those a model's `Route` points
+  at (``stable`` or any alias) whose ``config.pool`` is this worker's pool;
+  each new one is fetched, loaded, warmed up and handed to a `ModelRunner`;
+  versions no longer pointed at are drained and unloaded; failed loads are
+  retried after ``load_retry_s``;
+* the heartbeat: a `WorkerStatus` in the workers bucket every ``heartbeat_s``
+  and at once whenever a version's state changes.
+
+Leaving it drains: stop pulling, finish and ack in-flight batches, delete the
+heartbeat, drain the NATS connection, stop the HTTP server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from types import TracebackType
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.kv import KeyValue
+
+from inferbus_common import ops
+from inferbus_common.bus import connect, ensure_batch_stream
+from inferbus_common.catalog import Catalog, DeployedVersion, WorkerStatus, ensure_kv
+from inferbus_common.errors import InferbusError
+from inferbus_common.lifecycle import default_instance_id
+from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.subjects import Subjects, subject_token
+from inferbus_worker import metrics
+from inferbus_worker.artifacts import ArtifactCache
+from inferbus_worker.engines import Engine, build_engine, warmup_batch_sizes
+from inferbus_worker.runner import ModelRunner
+from inferbus_worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+VersionKey = tuple[str, str]
+"""(model, version)."""
+
+_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError)
+
+
+async def _wait_event(event: asyncio.Event, timeout: float) -> None:
+    """Wait for `event` at most `timeout` seconds.
+
+    Not ``asyncio.wait_for``: on Python 3.11 it can lose a cancellation that
+    arrives as the event is set, and an owned loop would then never stop.
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+
+
+def _load_engine(engine: Engine, config: ModelConfig) -> None:
+    """Load and warm up (blocking: run in a thread)."""
+    engine.load()
+    engine.warmup(warmup_batch_sizes(config))
+
+
+class Worker:
+    """One worker process's serving machinery (see module docstring).
+
+    Args:
+        settings: the worker's settings, built once in `main`.
+    """
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.instance_id = settings.instance_id or default_instance_id("worker")
+        self.subjects = Subjects(settings.subject_prefix)
+        self.cache = ArtifactCache(
+            settings.cache_dir, settings.registry_url, timeout_s=settings.registry_timeout_s
+        )
+        self._trt_cache_dir: Path = settings.trt_cache_dir or self.cache.root / "tensorrt"
+        self.states: dict[VersionKey, str] = {}
+        self.runners: dict[VersionKey, ModelRunner] = {}
+        self.metrics_port = 0
+        self._loads: dict[VersionKey, asyncio.Task[None]] = {}
+        self._retry_at: dict[VersionKey, float] = {}
+        self._nc: Client | None = None
+        self._catalog: Catalog | None = None
+        self._workers_kv: KeyValue | None = None
+        self._catalog_loaded = False
+        self._changed = asyncio.Event()
+        self._status_changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stack = contextlib.AsyncExitStack()
+        self._closed = False
+
+    # --- lifecycle -----------------------------------------------------------
+    async def __aenter__(self) -> Worker:
+        try:
+            await self._start()
+        except BaseException:
+            await self.drain()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.drain()
+
+    async def _start(self) -> None:
+        sock = ops.bind_socket(self.settings.host, self.settings.metrics_port)
+        self.metrics_port = sock.getsockname()[1]
+        await self._stack.enter_async_context(ops.serve_http(ops.ops_app(self.readiness), sock))
+        ops.write_ports_file(self.settings.ports_file, {"metrics": self.metrics_port})
+        self._nc = await connect(self.settings.nats_url, self.instance_id)
+        js = self._nc.jetstream()
+        await ensure_batch_stream(js, self.subjects)
+        self._workers_kv = await ensure_kv(js, self.subjects.workers_bucket)
+        self._catalog = Catalog(js, self.subjects, on_change=self._changed.set)
+        await self._catalog.__aenter__()
+        await self._catalog.wait_loaded()
+        self._catalog_loaded = True
+        log.info(
+            "worker started",
+            extra={
+                "worker_id": self.instance_id,
+                "pool": self.settings.pool,
+                "port": self.metrics_port,
+            },
+        )
+        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="heartbeat"))
+        self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="reconcile"))
+
+    async def drain(self) -> None:
+        """Stop intake, finish in-flight batches, delete the heartbeat, close. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        # The loops also check `_closed`: nats-py requests use asyncio.wait_for,
+        # which on Python 3.11 can swallow a cancellation that meets a reply.
+        for task in self._tasks:
+            task.cancel()
+        for task in list(self._loads.values()):
+            task.cancel()
+        # gather (not suppress(CancelledError)) so a cancellation of drain itself is not lost.
+        await asyncio.gather(*self._tasks, *self._loads.values(), return_exceptions=True)
+        self._tasks.clear()
+        runners = list(self.runners.values())
+        self.runners.clear()
+        if runners:
+            try:
+                async with asyncio.timeout(self.settings.drain_timeout_s):
+                    await asyncio.gather(*(r.stop() for r in runners))
+            except TimeoutError:
+                log.warning("drain timed out; unacked batches will be redelivered elsewhere")
+        metrics.MODELS_LOADED.set(0)
+        if self._workers_kv is not None:
+            with contextlib.suppress(*_NATS_ERRORS):
+                await self._workers_kv.delete(self._heartbeat_key)
+        if self._catalog is not None:
+            await self._catalog.__aexit__(None, None, None)
+        if self._nc is not None and not self._nc.is_closed:
+            with contextlib.suppress(*_NATS_ERRORS):
+                await self._nc.drain()
+        await self._stack.aclose()
+        log.info("worker stopped", extra={"worker_id": self.instance_id})
+
+    # --- readiness and status ----------------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, reason) for /readyz: connected, catalog loaded; lists the versions."""
+        if self._nc is None or not self._nc.is_connected:
+            return False, "not connected to NATS"
+        if not self._catalog_loaded:
+            return False, "catalog not loaded"
+        if not self.states:
+            return True, f"no version is placed on pool '{self.settings.pool}'"
+        return True, "; ".join(f"{m}/{v}: {s}" for (m, v), s in sorted(self.states.items()))
+
+    @property
+    def _heartbeat_key(self) -> str:
+        return subject_token(self.instance_id)
+
+    def _set_state(self, key: VersionKey, state: str | None) -> None:
+        if state is None:
+            self.states.pop(key, None)
+        else:
+            self.states[key] = state
+        self._status_changed.set()
+
+    def status(self) -> WorkerStatus:
+        """This worker's heartbeat record, as of now."""
+        return WorkerStatus(
+            worker_id=self.instance_id,
+            pool=self.settings.pool,
+            models={f"{m}/{v}": s for (m, v), s in self.states.items()},
+            ts_ms=int(time.time() * 1000),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+
+    async def _heartbeat_loop(self) -> None:
+        assert self._workers_kv is not None
+        while not self._closed:
+            self._status_changed.clear()
+            try:
+                await self._workers_kv.put(
+                    self._heartbeat_key, self.status().model_dump_json().encode()
+                )
+            except _NATS_ERRORS as exc:
+                log.warning("heartbeat failed: %s", exc)
+            await _wait_event(self._status_changed, self.settings.heartbeat_s)
+
+    # --- what to serve ---------------------------------------------------------
+    def desired(self) -> dict[VersionKey, DeployedVersion]:
+        """Versions this worker should serve, per the catalog."""
+        assert self._catalog is not None
+        out: dict[VersionKey, DeployedVersion] = {}
+        for (model, version), dv in self._catalog.versions.items():
+            route = self._catalog.routes.get(model)
+            if route is None or dv.config.pool != self.settings.pool:
+                continue
+            if version == route.stable or version in route.aliases.values():
+                out[(model, version)] = dv
+        return out
+
+    async def _reconcile_loop(self) -> None:
+        while not self._closed:
+            self._changed.clear()
+            await self._reconcile()
+            # Wake on catalog changes, and now and then to retry failed loads.
+            await _wait_event(self._changed, self.settings.load_retry_s)
+
+    async def _reconcile(self) -> None:
+        want = self.desired()
+        now = time.monotonic()
+        for key, dv in want.items():
+            if key in self.runners or key in self._loads:
+                continue
+            if self._retry_at.get(key, 0.0) > now:
+                continue
+            self._set_state(key, "loading")
+            self._loads[key] = asyncio.create_task(self._load(key, dv), name=f"load-{key}")
+        for key in [k for k in self._loads if k not in want]:
+            self._loads[key].cancel()
+        for key in [k for k in self.runners if k not in want]:
+            runner = self.runners.pop(key)
+            metrics.MODELS_LOADED.set(len(self.runners))
+            log.info("unloading", extra={"model": key[0], "version": key[1]})
+            await runner.stop()
+            self._set_state(key, None)
+        for key in [k for k in self.states if k not in want and k not in self._loads]:
+            self._retry_at.pop(key, None)
+            self._set_state(key, None)
+
+    async def _load(self, key: VersionKey, dv: DeployedVersion) -> None:
+        assert self._nc is not None
+        extra = {"model": dv.model, "version": dv.version}
+        t0 = time.monotonic()
+        engine: Engine | None = None
+        runner: ModelRunner | None = None
+        try:
+            directory = await self.cache.fetch(dv)
+            engine = build_engine(dv.config, directory, trt_cache_dir=self._trt_cache_dir)
+            await asyncio.to_thread(_load_engine, engine, dv.config)
+            runner = ModelRunner(
+                self._nc, self._nc.jetstream(), self.subjects, self.settings, dv, engine
+            )
+            await runner.start()
+        except BaseException as exc:
+            if runner is not None:
+                await runner.stop()
+            elif engine is not None:
+                await asyncio.to_thread(engine.close)
+            if isinstance(exc, asyncio.CancelledError):
+                self._set_state(key, None)
+                raise
+            if isinstance(exc, InferbusError):
+                reason = exc.message
+            elif isinstance(exc, Exception):
+                log.exception("loading failed", extra=extra)
+                reason = f"{type(exc).__name__}: {exc}"
+            else:
+                raise
+            log.error("loading failed: %s", reason, extra=extra)
+            self._retry_at[key] = time.monotonic() + self.settings.load_retry_s
+            self._set_state(key, f"failed: {reason}")
+        else:
+            if self._closed:
+                # Drain began while loading and its cancellation was lost (see drain).
+                await runner.stop()
+                self._set_state(key, None)
+                return
+            self.runners[key] = runner
+            self._retry_at.pop(key, None)
+            self._set_state(key, "ready")
+            metrics.MODELS_LOADED.set(len(self.runners))
+            metrics.LOAD_SECONDS.observe(time.monotonic() - t0)
+            log.info(
+                "serving with %s",
+                engine.description if engine else "?",
+                extra={**extra, "latency_ms": round((time.monotonic() - t0) * 1000, 1)},
+            )
+        finally:
+            self._loads.pop(key, None)
+            self._changed.set()

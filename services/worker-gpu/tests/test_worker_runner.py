@@ -1,0 +1,234 @@
+"""`ModelRunner` with engines that fail or block: retries, give-up, back-pressure.
+
+The engines here wrap the real ONNX Runtime engine and only add failures or a
+gate, so the bus side (real nats-server, JetStream redelivery) is what is tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+
+import nats
+import numpy as np
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerInfo
+from prometheus_client import REGISTRY
+
+from inferbus_common import headers as h
+from inferbus_common.bus import ensure_batch_stream
+from inferbus_common.catalog import DeployedVersion
+from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.modelconfig import EngineConfig
+from inferbus_common.subjects import Subjects
+from inferbus_common.wire import BatchEntry, encode_batch
+from inferbus_worker.engines import EngineError, OnnxRuntimeEngine
+from inferbus_worker.runner import ModelRunner
+from inferbus_worker.settings import WorkerSettings
+
+pytestmark = pytest.mark.integration
+
+_prefixes = itertools.count()
+
+
+class FailingEngine(OnnxRuntimeEngine):
+    """Fails its first `failures` runs with an engine error, then computes."""
+
+    def __init__(self, path: Path, failures: int) -> None:
+        super().__init__(path, EngineConfig())
+        self.failures = failures
+        self.calls = 0
+
+    def run(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise EngineError("simulated device failure")
+        return super().run(inputs, output_names)
+
+
+class GatedEngine(OnnxRuntimeEngine):
+    """Holds every run until the gate opens, counting runs in progress."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, EngineConfig())
+        self.gate = threading.Event()
+        self.running = 0
+        self._lock = threading.Lock()
+
+    def run(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        with self._lock:
+            self.running += 1
+        self.gate.wait(10)
+        return super().run(inputs, output_names)
+
+
+async def wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[Client]:
+    client = await nats.connect(nats_url)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def start_runner(
+    nc: Client, engine: OnnxRuntimeEngine, dv: DeployedVersion, **settings: object
+) -> tuple[ModelRunner, Subjects, list[Msg]]:
+    subjects = Subjects(f"tr{next(_prefixes)}")
+    js = nc.jetstream()
+    await ensure_batch_stream(js, subjects)
+    ws = WorkerSettings(
+        nats_url="nats://unused",
+        subject_prefix=subjects.prefix,
+        fetch_timeout_s=0.2,
+        nak_delay_s=0.05,
+        **settings,
+    )
+    engine.load()
+    runner = ModelRunner(nc, js, subjects, ws, dv, engine)
+    await runner.start()
+    replies: list[Msg] = []
+
+    async def on_reply(msg: Msg) -> None:
+        replies.append(msg)
+
+    await nc.subscribe(f"rr.{subjects.prefix}.*", cb=on_reply)
+    return runner, subjects, replies
+
+
+async def publish(nc: Client, subjects: Subjects, rid: str) -> None:
+    entry = BatchEntry(rid, f"rr.{subjects.prefix}.{rid}", h.deadline_from_timeout(30), 0, 1)
+    data = encode_batch([entry], [tensor_from_numpy("input", np.ones((1, 64), np.float32))])
+    await nc.jetstream().publish(subjects.batch("default", "fraud", "1"), data)
+
+
+async def idle_info(nc: Client, subjects: Subjects, consumer: str) -> ConsumerInfo:
+    """Consumer info once nothing is pending or un-acked (acks follow replies)."""
+    deadline = time.monotonic() + 10
+    while True:
+        info = await nc.jetstream().consumer_info(subjects.batch_stream, consumer)
+        if info.num_pending == 0 and info.num_ack_pending == 0:
+            return info
+        assert time.monotonic() < deadline, f"consumer not idle: {info}"
+        await asyncio.sleep(0.01)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, {"model": "fraud", "version": "1", **labels}) or 0.0
+
+
+async def test_transient_failure_is_retried(
+    nc: Client, fraud_dir: Path, fraud_deployed: DeployedVersion
+) -> None:
+    redeliveries = sample("inferbus_worker_redeliveries_total")
+    engine = FailingEngine(fraud_dir / "model.onnx", failures=1)
+    runner, subjects, replies = await start_runner(nc, engine, fraud_deployed)
+    try:
+        await publish(nc, subjects, "x")
+        await wait_until(lambda: len(replies) == 1)
+        assert h.STATUS not in replies[0].headers
+        assert engine.calls == 2
+        assert sample("inferbus_worker_redeliveries_total") == redeliveries + 1
+    finally:
+        await runner.stop()
+
+
+async def test_last_delivery_answers_internal(
+    nc: Client, fraud_dir: Path, fraud_deployed: DeployedVersion
+) -> None:
+    engine = FailingEngine(fraud_dir / "model.onnx", failures=100)
+    runner, subjects, replies = await start_runner(nc, engine, fraud_deployed, max_deliver=2)
+    try:
+        await publish(nc, subjects, "y")
+        await wait_until(lambda: len(replies) == 1)
+        assert replies[0].headers[h.STATUS] == "INTERNAL"
+        assert engine.calls == 2
+        await idle_info(nc, subjects, runner.consumer)
+    finally:
+        await runner.stop()
+
+
+async def test_pulls_only_for_free_slots(
+    nc: Client, fraud_dir: Path, fraud_deployed: DeployedVersion
+) -> None:
+    config = fraud_deployed.config.model_copy(update={"instance_count": 2})
+    dv = fraud_deployed.model_copy(update={"config": config})
+    engine = GatedEngine(fraud_dir / "model.onnx")
+    # Merging off: this is about slots, not about joining waiting batches.
+    runner, subjects, replies = await start_runner(nc, engine, dv, max_merge_batches=1)
+    try:
+        for i in range(5):
+            await publish(nc, subjects, f"b{i}")
+        await wait_until(lambda: engine.running == 2)
+        info = await nc.jetstream().consumer_info(subjects.batch_stream, runner.consumer)
+        # Two slots busy: two batches taken, three left in the queue for other workers.
+        assert info.num_ack_pending == 2
+        assert info.num_pending == 3
+        engine.gate.set()
+        await wait_until(lambda: len(replies) == 5)
+        assert all(h.STATUS not in m.headers for m in replies)
+    finally:
+        engine.gate.set()
+        await runner.stop()
+
+
+async def test_long_batch_is_kept_in_progress(
+    nc: Client, fraud_dir: Path, fraud_deployed: DeployedVersion
+) -> None:
+    engine = GatedEngine(fraud_dir / "model.onnx")
+    runner, subjects, replies = await start_runner(nc, engine, fraud_deployed, ack_wait_s=0.6)
+    try:
+        await publish(nc, subjects, "slow")
+        await wait_until(lambda: engine.running == 1)
+        # Hold the batch for several ack waits; in_progress() keeps it ours.
+        await asyncio.sleep(1.5)
+        engine.gate.set()
+        await wait_until(lambda: len(replies) == 1)
+        info = await idle_info(nc, subjects, runner.consumer)
+        assert info.num_redelivered == 0
+        assert engine.running == 1
+    finally:
+        engine.gate.set()
+        await runner.stop()
+
+
+async def test_waiting_batches_are_merged_into_one_execution(
+    nc: Client, fraud_dir: Path, fraud_deployed: DeployedVersion
+) -> None:
+    merged_before = sample("inferbus_worker_merged_batches_total")
+    engine = GatedEngine(fraud_dir / "model.onnx")
+    runner, subjects, replies = await start_runner(nc, engine, fraud_deployed)
+    try:
+        await publish(nc, subjects, "first")
+        await wait_until(lambda: engine.running == 1)
+        # While the only slot is busy, six more batches queue up in the stream.
+        for i in range(6):
+            await publish(nc, subjects, f"q{i}")
+        engine.gate.set()
+        await wait_until(lambda: len(replies) == 7)
+        assert all(h.STATUS not in m.headers for m in replies)
+        # The six waiting batches ran as one execution (its batch size is 6).
+        assert engine.running == 2
+        assert {m.headers[h.BATCH_SIZE] for m in replies} == {"1", "6"}
+        assert sample("inferbus_worker_merged_batches_total") == merged_before + 6
+        await idle_info(nc, subjects, runner.consumer)
+    finally:
+        engine.gate.set()
+        await runner.stop()
