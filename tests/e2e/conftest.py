@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from inferbus_testing.processes import ServiceProcess
-from inferbus_testing.servers import NatsServer
+from inferbus_testing.servers import NatsServer, RedisServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,6 +37,7 @@ class Stack:
     base: Path
     env: dict[str, str] = field(default_factory=dict)
     module_env: dict[str, str] = field(default_factory=dict)
+    redis: RedisServer | None = None
 
     def metrics(self, proc: ServiceProcess) -> dict[str, float]:
         """Scrape a service's /metrics into {"name{label=value,...}": value}."""
@@ -125,7 +126,8 @@ def stack(
     """A full stack serving the fraud model (two workers).
 
     A test module may set ``STACK_ENV`` (a dict of environment variables) to
-    configure every service of its stack, e.g. a short worker ack wait.
+    configure every service of its stack, e.g. a short worker ack wait, and
+    ``STACK_REDIS = True`` to give the gateway a real redis-server.
     """
     base = tmp_path_factory.mktemp("stack")
     module_env: dict[str, str] = getattr(request.module, "STACK_ENV", {})
@@ -134,7 +136,11 @@ def stack(
     procs: list[ServiceProcess] = []
     nats = NatsServer(base / "nats")
     nats.start()
+    redis = RedisServer(base / "redis") if getattr(request.module, "STACK_REDIS", False) else None
     try:
+        if redis is not None:
+            redis.start()
+            module_env = {**module_env, "INFERBUS_GATEWAY_REDIS_URL": redis.url}
 
         def start(module: str, extra: dict[str, str], name: str | None = None) -> ServiceProcess:
             prefix = module.upper() + "_"
@@ -182,7 +188,17 @@ def stack(
             proc.wait_ready()
         asyncio.run(_push(registry_url, model_dir))
         st = Stack(
-            nats, registry, router, batcher, workers, gateway, model_dir, base, env, module_env
+            nats,
+            registry,
+            router,
+            batcher,
+            workers,
+            gateway,
+            model_dir,
+            base,
+            env,
+            module_env,
+            redis,
         )
         wait_model_ready(st.grpc_url, "fraud")
         yield st
@@ -191,3 +207,5 @@ def stack(
             proc.terminate(timeout=10)
             proc.cleanup()
         nats.close()
+        if redis is not None:
+            redis.close()

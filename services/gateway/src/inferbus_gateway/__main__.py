@@ -11,6 +11,7 @@ from inferbus_common.bus import connect, shutdown
 from inferbus_common.catalog import Catalog
 from inferbus_common.logs import setup_logging
 from inferbus_common.subjects import Subjects
+from inferbus_gateway.admission import Admission
 from inferbus_gateway.dispatch import Dispatcher
 from inferbus_gateway.grpc_api.servicer import GRPCInferenceServicer
 from inferbus_gateway.rest.app import rest_app
@@ -28,7 +29,10 @@ async def serve(settings: GatewaySettings) -> None:
     subjects = Subjects(settings.subject_prefix)
     nc = await connect(settings.nats_url, instance)
     try:
-        async with Catalog(nc.jetstream(), subjects) as catalog:
+        async with (
+            Catalog(nc.jetstream(), subjects) as catalog,
+            Admission.from_settings(settings, instance) as admission,
+        ):
             dispatcher = Dispatcher(nc, subjects, instance)
             await dispatcher.start()
             service = InferenceService(
@@ -39,6 +43,7 @@ async def serve(settings: GatewaySettings) -> None:
                 version=__version__,
                 default_timeout_s=settings.default_timeout_s,
                 idempotency_window_s=settings.idempotency_window_s,
+                admission=admission,
             )
             await catalog.wait_loaded()
             service.catalog_loaded = True

@@ -25,6 +25,8 @@ class InferRequest:
     timeout_s: float | None = None
     """Relative timeout the client asked for (None: the model's default)."""
     traceparent: str = ""
+    tenant: str = ""
+    """Set by admission control from the authenticated caller."""
 
 
 @dataclass(slots=True)
@@ -39,3 +41,5 @@ class InferResponse:
     """Stage timings: gateway, queue, compute, total (milliseconds)."""
     digest: str = ""
     """Digest of the artifact that computed the answer."""
+    degraded: str = ""
+    """Non-empty when this is a fallback answer: why the model itself did not answer."""

@@ -88,6 +88,7 @@ class Dispatcher:
         deadline_ns: int,
         priority: int = 0,
         traceparent: str = "",
+        tenant: str = "",
     ) -> Msg:
         """Publish a request and wait for its reply until `deadline_ns`.
 
@@ -112,6 +113,8 @@ class Dispatcher:
             headers[h.PRIORITY] = str(priority)
         if traceparent:
             headers[h.TRACEPARENT] = traceparent
+        if tenant:
+            headers[h.TENANT] = tenant
         try:
             await self._nc.publish(
                 self._subjects.route(model), encode_tensors(tensors), reply=reply, headers=headers

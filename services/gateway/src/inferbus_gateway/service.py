@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 
 from nats.aio.client import Client
 from prometheus_client import Counter, Histogram
 
 from inferbus_common import headers as h
 from inferbus_common.catalog import Catalog, DeployedVersion
-from inferbus_common.errors import InferbusError, InvalidArgument, NotFound, Unavailable
+from inferbus_common.errors import (
+    DeadlineExceeded,
+    InferbusError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from inferbus_common.replies import error_from_reply
 from inferbus_common.wire import FrameError, decode_tensors
+from inferbus_gateway.admission import Admission, BreakerOpen, fallback_outputs
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.dispatch import Dispatcher
 from inferbus_gateway.idempotency import IdempotencyCache
@@ -65,6 +74,7 @@ class InferenceService:
         version: reported by server metadata.
         default_timeout_s: deadline for requests that bring none.
         idempotency_window_s: how long a retried request id replays its answer.
+        admission: authentication, limits, quotas and breakers (None: admit all).
     """
 
     def __init__(
@@ -77,6 +87,7 @@ class InferenceService:
         version: str,
         default_timeout_s: float,
         idempotency_window_s: float = 30.0,
+        admission: Admission | None = None,
     ) -> None:
         self._nc = nc
         self._catalog = catalog
@@ -86,6 +97,7 @@ class InferenceService:
         self._default_timeout_s = default_timeout_s
         self.catalog_loaded = False
         self._idempotency = IdempotencyCache(idempotency_window_s)
+        self._admission = admission
 
     # --- health and metadata ---------------------------------------------------
     def live(self) -> bool:
@@ -152,8 +164,24 @@ class InferenceService:
         }
 
     # --- inference -------------------------------------------------------------
-    async def infer(self, request: InferRequest, protocol: str) -> InferResponse:
-        """Validate, send into the platform and wait for the answer.
+    async def authorize(self, headers: Mapping[str, str], model: str) -> None:
+        """Authenticate the caller and check it may use `model` (metadata calls).
+
+        Raises:
+            Unauthenticated, PermissionDenied: the caller may not.
+        """
+        if self._admission is not None:
+            principal = await self._admission.authenticator.authenticate(headers)
+            await self._admission.authenticator.authorize(principal, model)
+
+    async def infer(
+        self, request: InferRequest, protocol: str, headers: Mapping[str, str] | None = None
+    ) -> InferResponse:
+        """Admit, validate, send into the platform and wait for the answer.
+
+        When admission refuses for load (breaker open, a limit hit) or the
+        model fails (unavailable, deadline), and the model's config has a fixed
+        fallback, the fallback answers instead, marked `degraded`.
 
         Raises:
             InferbusError: with the status the client should see.
@@ -161,14 +189,64 @@ class InferenceService:
         t0 = time.perf_counter()
         label_version = request.version or ""
         try:
-            response = await self._idempotency.run(request, lambda: self._infer(request, t0))
+            if self._admission is not None:
+                principal = await self._admission.admit(
+                    headers or {}, model=request.model, interface="ModelInfer"
+                )
+                request.tenant = principal.tenant
+                try:
+                    response = await self._idempotency.run(
+                        request, lambda: self._infer(request, t0)
+                    )
+                except BaseException as exc:
+                    self._admission.record(request.model, exc)
+                    raise
+                self._admission.record(request.model, None)
+            else:
+                response = await self._idempotency.run(request, lambda: self._infer(request, t0))
             label_version = response.version
         except InferbusError as exc:
+            fallback = self._fallback(request, exc, t0)
+            if fallback is not None:
+                REQUESTS.labels(request.model, fallback.version, protocol, "DEGRADED").inc()
+                return fallback
             REQUESTS.labels(request.model, label_version, protocol, exc.code.name).inc()
             raise
         REQUESTS.labels(request.model, label_version, protocol, "OK").inc()
         LATENCY.labels(request.model, protocol).observe(time.perf_counter() - t0)
         return response
+
+    def _fallback(
+        self, request: InferRequest, exc: InferbusError, t0: float
+    ) -> InferResponse | None:
+        """The model's fixed fallback answer for a load or availability failure."""
+        if isinstance(exc, BreakerOpen):
+            reason = "breaker-open"
+        elif isinstance(exc, ResourceExhausted):
+            reason = exc.reason or "limited"
+        elif isinstance(exc, DeadlineExceeded):
+            reason = "deadline"
+        elif isinstance(exc, Unavailable):
+            reason = "unavailable"
+        else:
+            return None
+        try:
+            dv = self.resolve(request.model, request.version)
+        except InferbusError:
+            return None
+        rows = request.inputs[0].shape[0] if request.inputs and request.inputs[0].shape else 1
+        outputs = fallback_outputs(dv.config, rows, request.outputs)
+        if outputs is None:
+            return None
+        return InferResponse(
+            model=request.model,
+            version=dv.version,
+            id=request.id,
+            outputs=outputs,
+            timings_ms={"total": (time.perf_counter() - t0) * 1000.0},
+            digest=dv.digest,
+            degraded=reason,
+        )
 
     async def _infer(self, request: InferRequest, t0: float) -> InferResponse:
         if len(request.id) > MAX_REQUEST_ID:
@@ -197,6 +275,7 @@ class InferenceService:
             deadline_ns=deadline_ns,
             priority=request.priority,
             traceparent=request.traceparent,
+            tenant=request.tenant,
         )
         t_back = time.perf_counter()
         err = error_from_reply(msg.headers)

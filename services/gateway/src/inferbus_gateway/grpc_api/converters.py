@@ -118,4 +118,6 @@ def response_to_proto(resp: InferResponse) -> pb.ModelInferResponse:
         out.parameters[f"inferbus_{stage}_us"].int64_param = int(ms * 1000)
     if resp.digest:
         out.parameters["inferbus_digest"].string_param = resp.digest
+    if resp.degraded:
+        out.parameters["inferbus_degraded"].string_param = resp.degraded
     return out

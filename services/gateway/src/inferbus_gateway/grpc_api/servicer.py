@@ -38,6 +38,11 @@ async def _guard(context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T
     raise AssertionError("unreachable")  # context.abort always raises
 
 
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """Invocation metadata as a dict of text values (binary ``-bin`` keys skipped)."""
+    return {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+
+
 class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """KServe V2 gRPC servicer."""
 
@@ -67,6 +72,7 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Model inputs/outputs/versions."""
 
         async def run() -> pb.ModelMetadataResponse:
+            await self._service.authorize(_metadata(context), request.name)
             md = self._service.model_metadata(request.name, request.version)
             resp = pb.ModelMetadataResponse(
                 name=md["name"], versions=md["versions"], platform=md["platform"]
@@ -84,10 +90,11 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         async def run() -> pb.ModelInferResponse:
             canonical = request_from_proto(request, context.time_remaining())
-            for key, value in context.invocation_metadata() or ():
-                if key == "traceparent":
-                    canonical.traceparent = value
-            response = await self._service.infer(canonical, "grpc")
+            headers = _metadata(context)
+            canonical.traceparent = headers.get("traceparent", "")
+            response = await self._service.infer(canonical, "grpc", headers)
+            if response.degraded:
+                context.set_trailing_metadata((("x-inferbus-degraded", response.degraded),))
             return response_to_proto(response)
 
         return await _guard(context, run)

@@ -9,7 +9,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from inferbus_common.errors import InferbusError, InvalidArgument, ResourceExhausted, status_of
+from inferbus_common.errors import (
+    InferbusError,
+    InvalidArgument,
+    ResourceExhausted,
+    Unauthenticated,
+    status_of,
+)
+from inferbus_gateway.admission import BreakerOpen
 from inferbus_gateway.rest.codec import HEADER_LENGTH, request_from_http, response_to_http
 from inferbus_gateway.service import InferenceService
 
@@ -25,6 +32,10 @@ def _error(exc: BaseException) -> Response:
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
         if exc.reason:
             headers["X-Inferbus-Reason"] = exc.reason
+    elif isinstance(exc, BreakerOpen):
+        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    elif isinstance(exc, Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse({"error": message}, status_code=code.http_status, headers=headers)
 
 
@@ -48,6 +59,7 @@ def rest_app(service: InferenceService, max_body_bytes: int) -> Starlette:
     async def model_metadata(request: Request) -> Response:
         p = request.path_params
         try:
+            await service.authorize(request.headers, p["model"])
             return JSONResponse(service.model_metadata(p["model"], p.get("version", "")))
         except InferbusError as exc:
             return _error(exc)
@@ -83,7 +95,7 @@ def rest_app(service: InferenceService, max_body_bytes: int) -> Starlette:
                 p["model"], p.get("version", ""), body, header_length, timeout_s
             )
             req.traceparent = request.headers.get("traceparent", "")
-            resp = await service.infer(req, "http")
+            resp = await service.infer(req, "http", request.headers)
             payload, json_len = response_to_http(resp, binary_outputs, binary_all)
         except InferbusError as exc:
             return _error(exc)
@@ -91,6 +103,8 @@ def rest_app(service: InferenceService, max_body_bytes: int) -> Starlette:
             log.exception("unhandled error in REST infer")
             return _error(exc)
         headers = {"Server-Timing": _server_timing(resp.timings_ms)}
+        if resp.degraded:
+            headers["X-Inferbus-Degraded"] = resp.degraded
         if json_len is not None:
             headers[HEADER_LENGTH] = str(json_len)
             return Response(payload, media_type="application/octet-stream", headers=headers)

@@ -184,8 +184,13 @@ def response_to_http(
         "id": resp.id,
         "outputs": outs,
     }
+    params: dict[str, Any] = {}
     if resp.digest:
-        doc["parameters"] = {"inferbus_digest": resp.digest}
+        params["inferbus_digest"] = resp.digest
+    if resp.degraded:
+        params["inferbus_degraded"] = resp.degraded
+    if params:
+        doc["parameters"] = params
     head = orjson.dumps(doc)
     if not blobs:
         return head, None
