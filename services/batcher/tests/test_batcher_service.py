@@ -356,3 +356,23 @@ async def test_unbatched_model_publishes_each_request_alone(harness: Harness) ->
     assert [[e.request_id for e in mb.entries] for mb in batches] == [["u-0"], ["u-1"], ["u-2"]]
     assert all(mb.tensors[0].shape == (2, ROW) and mb.rows == 2 for mb in batches)
     assert harness.replies == {}
+
+
+async def test_idle_worker_signal_dispatches_without_waiting(harness: Harness) -> None:
+    # A long queue delay: without an idle worker a lone request waits 2 s for company.
+    await harness.deploy(config(max_batch_size=8, max_queue_delay_us=2_000_000))
+    async with harness.batcher():
+        frame, _ = rows_payload(1)
+        await harness.send("first", frame)
+        # A worker of the pool says it is idle: what waits goes at once.
+        t0 = time.monotonic()
+        await harness.nc.publish(harness.subjects.idle(POOL, MODEL, VERSION), b"")
+        (batch,) = await harness.batches(1, timeout=1.5)
+        assert time.monotonic() - t0 < 1.0
+        assert [e.request_id for e in batch.entries] == ["first"]
+        # One credit per signal: the next request waits for the delay again.
+        await harness.send("second", frame)
+        t1 = time.monotonic()
+        (batch,) = await harness.batches(1, timeout=5)
+        assert time.monotonic() - t1 > 1.0
+        assert [e.request_id for e in batch.entries] == ["second"]

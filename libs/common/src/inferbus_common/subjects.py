@@ -91,6 +91,18 @@ class Subjects:
         """Router → generative workers (skips the batcher)."""
         return f"{self.prefix}.gen.{subject_token(model)}.{subject_token(version)}"
 
+    def idle(self, pool: str, model: str, version: str) -> str:
+        """Worker → batchers: a worker of this pool has a free slot and an empty queue."""
+        return (
+            f"{self.prefix}.idle.{subject_token(pool)}."
+            f"{subject_token(model)}.{subject_token(version)}"
+        )
+
+    @property
+    def idle_all(self) -> str:
+        """Wildcard the batchers subscribe to for idle signals."""
+        return f"{self.prefix}.idle.*.*.*"
+
     def reply_inbox(self, instance: str) -> str:
         """Prefix of reply subjects owned by one gateway instance."""
         return f"{self.prefix}.reply.{subject_token(instance)}"

@@ -55,6 +55,10 @@ BATCHES_PUBLISHED = Counter(
     "Micro-batches JetStream acknowledged.",
     ["model", "version"],
 )
+IDLE_DISPATCHES = Counter(
+    "inferbus_batcher_idle_dispatches_total",
+    "Times a queue was dispatched at once because a worker said it was idle.",
+)
 PUBLISHES_OUTSTANDING = Gauge(
     "inferbus_batcher_publishes_outstanding",
     "Micro-batch publishes waiting for their JetStream acknowledgement.",

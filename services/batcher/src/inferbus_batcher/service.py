@@ -34,7 +34,12 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from inferbus_batcher.batching import FormedBatch, ModelQueue, PendingRequest
-from inferbus_batcher.metrics import PUBLISHES_OUTSTANDING, REJECTIONS, QueueMetrics
+from inferbus_batcher.metrics import (
+    IDLE_DISPATCHES,
+    PUBLISHES_OUTSTANDING,
+    REJECTIONS,
+    QueueMetrics,
+)
 from inferbus_batcher.settings import BatcherSettings
 from inferbus_common import headers as h
 from inferbus_common.bus import connect, ensure_batch_stream
@@ -58,6 +63,10 @@ log = logging.getLogger(__name__)
 # nats-server answers a store refused by stream limits (max bytes / msgs,
 # discard-new) with this JetStream error code ("maximum ... exceeded").
 _JS_STORE_FAILED = 10077
+# Idle signals a queue keeps, and how long one stays valid (a worker re-announces
+# after every empty long poll, about once a second).
+_MAX_IDLE_CREDITS = 8
+_IDLE_CREDIT_S = 2.0
 
 
 @dataclass(slots=True, eq=False)
@@ -69,6 +78,10 @@ class _QueueState:
     metrics: QueueMetrics
     timer: asyncio.TimerHandle | None = None
     timer_at: int | None = None
+    idle_credits: int = 0
+    """Idle signals from workers not yet used: dispatch at once instead of waiting."""
+    idle_until: float = 0.0
+    """Monotonic time after which the credits are stale."""
 
 
 class _PublishFailed(Exception):
@@ -106,6 +119,7 @@ class Batcher:
         self._catalog_loaded = False
         self._stream_ready = False
         self._sub: Subscription | None = None
+        self._idle_sub: Subscription | None = None
         self._queues: dict[tuple[str, str], _QueueState] = {}
         self._due: set[_QueueState] = set()
         self._blocked: set[_QueueState] = set()
@@ -151,6 +165,7 @@ class Batcher:
             pending_msgs_limit=s.pending_msgs_limit,
             pending_bytes_limit=s.pending_bytes_limit,
         )
+        self._idle_sub = await self._nc.subscribe(self._subjects.idle_all, cb=self._on_idle)
         await self._nc.flush()
         log.info("batcher %s serving", self.instance_id, extra={"nats_url": s.nats_url})
 
@@ -254,6 +269,28 @@ class Batcher:
             )
             return
         await self._service(state)
+
+    async def _on_idle(self, msg: Msg) -> None:
+        """A worker has a free slot and found its queue empty: stop waiting for fills.
+
+        Waiting out ``max_queue_delay_us`` only pays when the engine is busy;
+        with an idle worker the next request (and whatever waits now) is
+        dispatched at once. Credits are few and short-lived, so under load,
+        when workers are never idle, batching is unchanged.
+        """
+        parts = msg.subject.rsplit(".", 2)
+        try:
+            key = (name_from_token(parts[-2]), name_from_token(parts[-1]))
+        except (ValueError, IndexError, UnicodeDecodeError):
+            return
+        state = self._queues.get(key)
+        if state is None:
+            return
+        state.idle_credits = min(state.idle_credits + 1, _MAX_IDLE_CREDITS)
+        state.idle_until = time.monotonic() + _IDLE_CREDIT_S
+        if state.queue.depth:
+            self._due.add(state)
+            self._wake.set()
 
     def _queue_for(self, msg: Msg, hdrs: dict[str, str]) -> _QueueState:
         """The queue of the request's deployed version (created on first use)."""
@@ -369,7 +406,17 @@ class Batcher:
         queue = state.queue
         now_mono = time.monotonic_ns()
         room = self._settings.max_outstanding_publishes - len(self._publishes)
-        out = queue.take_ready(now_mono, time.time_ns(), limit=room, flush=self._flushing)
+        now_idle = False
+        if state.idle_credits and queue.depth:
+            if time.monotonic() <= state.idle_until:
+                now_idle = True
+                state.idle_credits -= 1
+                IDLE_DISPATCHES.inc()
+            else:
+                state.idle_credits = 0
+        out = queue.take_ready(
+            now_mono, time.time_ns(), limit=room, flush=self._flushing or now_idle
+        )
         for batch in out.batches:
             self._launch(state, batch, now_mono)
         if out.limited:

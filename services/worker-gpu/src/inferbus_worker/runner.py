@@ -12,10 +12,11 @@ Per micro-batch:
 2. requests whose deadline passed are answered ``DEADLINE_EXCEEDED`` and
    their rows are not computed;
 3. the rest run on the engine from zero-copy views of the message;
-4. every request gets exactly one reply, then the connection is flushed,
-   and only then is the micro-batch acked: a worker dying before the ack
-   gets the batch redelivered (at-least-once inside, the gateway keeps the
-   first answer);
+4. every request gets exactly one reply, and only then is the micro-batch
+   acked: replies and ack go out on the same connection in that order (no
+   flush round trip between them), so the server sees the ack only after the
+   replies; a worker dying before the ack gets the batch redelivered
+   (at-least-once inside, the gateway keeps the first answer);
 5. inputs the engine rejects are answered ``INVALID_ARGUMENT`` and the batch
    is terminated; other engine failures are retried with ``nak(delay)`` until
    the last delivery, which is answered ``INTERNAL`` and terminated.
@@ -120,6 +121,8 @@ class ModelRunner:
         self._outputs = [s.name for s in deployed.config.outputs]
         self._labels = {"model": deployed.model, "version": deployed.version}
         self._log_extra = {"model": deployed.model, "version": deployed.version}
+        self._idle_subject = subjects.idle(settings.pool, deployed.model, deployed.version)
+        self._queue_empty = True
         # Most micro-batches one execution may join (each holds at least one row).
         self._merge_limit = (
             min(settings.max_merge_batches, deployed.config.max_batch_size)
@@ -177,6 +180,10 @@ class ModelRunner:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
+            if self._queue_empty:
+                # Tell the batchers: requests for this version need not wait to fill.
+                with contextlib.suppress(*_NATS_ERRORS):
+                    await self._nc.publish(self._idle_subject, b"")
             try:
                 # One batch per free slot. A long poll for one returns as soon as a
                 # batch is there; nats-py's fetch(n > 1) would hold the first batch
@@ -185,13 +192,15 @@ class ModelRunner:
                 msgs = await self._psub.fetch(1, timeout=self._settings.fetch_timeout_s)
             except (nats.errors.TimeoutError, TimeoutError):
                 # No batch within the poll (TimeoutError first: it is an OSError too).
+                self._queue_empty = True
                 continue
             except _NATS_ERRORS as exc:
                 log.warning("fetch failed: %s", exc, extra=self._log_extra)
                 await asyncio.sleep(self._settings.fetch_timeout_s)
                 continue
+            pending = (msgs[-1].metadata.num_pending or 0) if msgs else 0
+            self._queue_empty = pending == 0
             if self._merge_limit > 1 and msgs:
-                pending = msgs[-1].metadata.num_pending or 0
                 if pending > 0:
                     msgs += await self._fetch_waiting(min(pending, self._merge_limit - 1))
             for group in self._plan(msgs):
@@ -326,7 +335,6 @@ class ModelRunner:
             )
             await self._reply(entry, headers, body, StatusCode.DEADLINE_EXCEEDED.name)
         if not live_idx:
-            await self._nc.flush()
             for msg in msgs:
                 await msg.ack()
             metrics.BATCHES.labels(**self._labels, outcome="expired").inc(len(msgs))
@@ -367,7 +375,6 @@ class ModelRunner:
         rows = sum(r.entry.rows for r in requests)
         self._observe(requests, rows, start_ns, compute_s)
         await self._answer(requests, outputs, rows, start_ns, compute_s)
-        await self._nc.flush()
         for msg in msgs:
             await msg.ack()
         metrics.BATCHES.labels(**self._labels, outcome="ok").inc(len(msgs))
@@ -445,7 +452,6 @@ class ModelRunner:
         """Answer every request with an error and terminate the batches (no redelivery)."""
         log.warning("terminating a micro-batch: %s", message, extra=self._log_extra)
         await self._fail_all(entries, code, message)
-        await self._nc.flush()
         for msg in msgs:
             await msg.term()
         outcome = "invalid" if code is StatusCode.INVALID_ARGUMENT else "failed"

@@ -33,7 +33,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from inferbus_common import ops
-from inferbus_common.bus import connect, ensure_batch_stream
+from inferbus_common.bus import connect, ensure_batch_stream, shutdown
 from inferbus_common.catalog import Catalog, DeployedVersion, WorkerStatus, ensure_kv
 from inferbus_common.errors import InferbusError
 from inferbus_common.lifecycle import default_instance_id
@@ -169,9 +169,8 @@ class Worker:
                 await self._workers_kv.delete(self._heartbeat_key)
         if self._catalog is not None:
             await self._catalog.__aexit__(None, None, None)
-        if self._nc is not None and not self._nc.is_closed:
-            with contextlib.suppress(*_NATS_ERRORS):
-                await self._nc.drain()
+        if self._nc is not None:
+            await shutdown(self._nc, self.settings.drain_timeout_s)
         await self._stack.aclose()
         log.info("worker stopped", extra={"worker_id": self.instance_id})
 
