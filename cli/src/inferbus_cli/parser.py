@@ -185,6 +185,35 @@ def _add_infer(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler="infer:run")
 
 
+def _add_limits(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "limits",
+        help="show or change cluster-wide QPS limits (kept in Redis, live on every gateway)",
+    )
+    lsub = p.add_subparsers(dest="action", metavar="ACTION")
+    p.set_defaults(handler="limits:run", action="list")
+
+    def common(q: argparse.ArgumentParser) -> None:
+        _home_option(q)
+        q.add_argument("--redis", help="Redis URL (default: the stack's, from state.json)")
+        q.add_argument("--prefix", default="ib", help="Redis key prefix of the gateways (ib)")
+        q.add_argument("--json", action="store_true", help="print the limits as JSON")
+
+    common(p)
+    lst = lsub.add_parser("list", help="every limit")
+    common(lst)
+    st = lsub.add_parser("set", help="create or change a limit")
+    common(st)
+    st.add_argument("scope", choices=["interface", "model", "tenant-model"])
+    st.add_argument("name", help="ModelInfer | MODEL | TENANT:MODEL (* allowed)")
+    st.add_argument("qps", type=_positive_float, help="requests per second")
+    st.add_argument("--burst", type=_positive_float, help="bucket size (default: derived)")
+    dl = lsub.add_parser("delete", help="remove a limit")
+    common(dl)
+    dl.add_argument("scope", choices=["interface", "model", "tenant-model"])
+    dl.add_argument("name")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `inferbus` parser.
 
@@ -199,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_up(sub)
     _add_down(sub)
+    _add_limits(sub)
     _add_status(sub)
     _add_models(sub)
     _add_infer(sub)

@@ -23,6 +23,10 @@ class BatcherSettings(ServiceSettings):
     """Storage of the micro-batch stream when the batcher creates it."""
     stream_max_bytes: int = Field(default=1 << 30, ge=1 << 20)
     """Size bound of the micro-batch stream."""
+    stream_max_msgs_per_subject: int = Field(default=1024, ge=1)
+    """Micro-batches one pool/model/version may have waiting in the stream; beyond
+    it the batcher answers RESOURCE_EXHAUSTED (``work-queue-full``). Applies when
+    the batcher creates the stream."""
     max_outstanding_publishes: int = Field(default=64, ge=1)
     """Micro-batch publishes awaiting their JetStream ack at once; beyond it,
     ready batches wait in their queue (which then fills and answers
