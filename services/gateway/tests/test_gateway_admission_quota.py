@@ -34,6 +34,20 @@ class WallClock:
         return self.now
 
 
+def _future_day(days: int = 2) -> dt.datetime:
+    """Midnight UTC a few days from now: Redis expiries use the real clock, so
+    the fake wall clock must stay ahead of it whatever day the tests run."""
+    today = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return today + dt.timedelta(days=days)
+
+
+def _future_month_end() -> dt.datetime:
+    """The first instant of a month at least a month from now (UTC)."""
+    now = dt.datetime.now(dt.UTC)
+    year, month = (now.year, now.month + 2) if now.month <= 10 else (now.year + 1, now.month - 10)
+    return dt.datetime(year, month, 1, tzinfo=dt.UTC)
+
+
 @pytest.fixture
 async def client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
     c = connect_redis(redis_server.url)
@@ -54,7 +68,8 @@ def test_periods_roll_over_at_utc_boundaries() -> None:
 
 
 async def test_daily_quota_names_the_reset_time(client: aioredis.Redis) -> None:
-    clock = WallClock(dt.datetime(2026, 12, 2, 15, 0, 0, tzinfo=dt.UTC))
+    day = _future_day()
+    clock = WallClock(day + dt.timedelta(hours=15))
     await set_quota(client, KEYS, Quota("acme", per_day=3, per_month=100))
     keeper = QuotaKeeper(client, KEYS, wall_clock=clock, config_ttl_s=0)
     for _ in range(3):
@@ -62,24 +77,28 @@ async def test_daily_quota_names_the_reset_time(client: aioredis.Redis) -> None:
     with pytest.raises(ResourceExhausted) as info:
         await keeper.check("acme")
     exc = info.value
+    reset = day + dt.timedelta(days=1)
     assert exc.reason == "tenant-quota"
     assert "daily quota of 3 requests" in exc.message
-    assert "resets at 2026-12-03T00:00:00Z" in exc.message
+    assert f"resets at {reset:%Y-%m-%dT%H:%M:%SZ}" in exc.message
     assert exc.retry_after_s == 9 * 3600
     # Refused requests do not count; other tenants are unaffected (no quota).
     assert await usage(client, KEYS, "acme", clock.now) == (3, 3)
     await keeper.check("globex")
-    # The counter expires at the end of the day (plus a grace hour).
-    ttl = await client.ttl(KEYS.quota_count("acme", "d", "20261202"))
-    assert 9 * 3600 < ttl <= 10 * 3600
-    # Next day: counting starts again, the month goes on.
+    # The counter expires at the end of the day plus a grace hour (absolute time).
+    key = KEYS.quota_count("acme", "d", f"{day:%Y%m%d}")
+    expires = await client.execute_command("EXPIRETIME", key)
+    assert expires == int((reset + dt.timedelta(hours=1)).timestamp())
+    # Next day: counting starts again, the month goes on (unless it just ended).
     clock.now += dt.timedelta(days=1)
     await keeper.check("acme")
-    assert await usage(client, KEYS, "acme", clock.now) == (1, 4)
+    same_month = clock.now.month == day.month
+    assert await usage(client, KEYS, "acme", clock.now) == (1, 4 if same_month else 1)
 
 
 async def test_monthly_quota_and_default_tenant(client: aioredis.Redis) -> None:
-    clock = WallClock(dt.datetime(2026, 12, 31, 23, 0, 0, tzinfo=dt.UTC))
+    month_end = _future_month_end()
+    clock = WallClock(month_end - dt.timedelta(hours=1))
     await set_quota(client, KEYS, Quota("*", per_month=2))
     keeper = QuotaKeeper(client, KEYS, wall_clock=clock, config_ttl_s=0)
     await keeper.check("acme")
@@ -87,7 +106,7 @@ async def test_monthly_quota_and_default_tenant(client: aioredis.Redis) -> None:
     with pytest.raises(ResourceExhausted) as info:
         await keeper.check("acme")
     assert "monthly quota of 2 requests" in info.value.message
-    assert "resets at 2027-01-01T00:00:00Z" in info.value.message
+    assert f"resets at {month_end:%Y-%m-%dT%H:%M:%SZ}" in info.value.message
     assert info.value.retry_after_s == 3600
     await keeper.check("globex")  # its own counters under the default quota
     # Run-time change: a tenant's own entry overrides the default.
