@@ -221,3 +221,36 @@ async def test_breaker_opens_answers_fallback_and_recovers(stack, tmp_path) -> N
     for _ in range(5):
         assert degraded(client.infer("fraud-fb", [_inp()], headers=hdr)) == ""
     client.close()
+
+
+async def test_backup_model_answers_when_the_model_cannot(stack, tmp_path) -> None:
+    from inferbus_registry.client import RegistryClient
+
+    # Placed on a pool with no workers: never ready, so the backup answers.
+    model_dir = tmp_path / "fraud-bk"
+    shutil.copytree(stack.model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(name="fraud-bk", pool="nowhere", fallback={"model": "fraud"})
+    (model_dir / "config.json").write_text(json.dumps(config))
+    async with RegistryClient(stack.registry_url) as registry:
+        await registry.push(model_dir, "fraud-bk", "1", aliases=["stable"])
+    secret = await _new_key(stack, "acme-bk", "fraud-bk")
+    client = grpcclient.InferenceServerClient(stack.grpc_url)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                result = client.infer("fraud-bk", [_inp(2)], headers={"x-api-key": secret})
+                break
+            except InferenceServerException as exc:
+                # Until the gateway's catalog has the new model: NOT_FOUND.
+                assert exc.status() == "StatusCode.NOT_FOUND", exc
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+        params = result.get_response().parameters
+        assert params["inferbus_degraded"].string_param == (
+            "unavailable; answered by fraud version 1"
+        )
+        assert result.as_numpy("probabilities").shape == (2, 2)
+    finally:
+        client.close()

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from inferbus_common.codec import Tensor, check_raw_size
+from inferbus_common.codec import Tensor, check_raw_size, deserialize_bytes, serialize_bytes
 from inferbus_common.datatypes import ALL_DATATYPES
 from inferbus_common.errors import InvalidArgument
 
@@ -25,6 +25,11 @@ class TensorSpec(BaseModel):
     name: str = Field(min_length=1)
     datatype: str
     shape: list[int]
+    max_element_bytes: int | None = Field(default=None, ge=1)
+    """BYTES inputs only: the longest element accepted (e.g. text length)."""
+    truncate: bool = False
+    """BYTES inputs only: cut longer elements to `max_element_bytes` instead of
+    refusing the request (a cleaning rule, like truncating over-long text)."""
 
     @field_validator("datatype")
     @classmethod
@@ -32,6 +37,14 @@ class TensorSpec(BaseModel):
         if v not in ALL_DATATYPES:
             raise ValueError(f"unknown datatype {v!r}; expected one of {sorted(ALL_DATATYPES)}")
         return v
+
+    @model_validator(mode="after")
+    def _bytes_rules(self) -> TensorSpec:
+        if (self.max_element_bytes is not None or self.truncate) and self.datatype != "BYTES":
+            raise ValueError(f"'{self.name}': max_element_bytes/truncate apply to BYTES only")
+        if self.truncate and self.max_element_bytes is None:
+            raise ValueError(f"'{self.name}': truncate needs max_element_bytes")
+        return self
 
     @field_validator("shape")
     @classmethod
@@ -199,6 +212,8 @@ class ModelConfig(BaseModel):
                     )
                 batch = rows
             check_raw_size(t.name, t.datatype, t.shape, t.data)
+            if spec.max_element_bytes is not None:
+                t.data = _limit_elements(model, t, spec.max_element_bytes, spec.truncate)
         if self.max_batch_size > 0 and batch is not None:
             if batch < 1:
                 raise InvalidArgument(f"{model}: batch size must be at least 1")
@@ -210,3 +225,17 @@ class ModelConfig(BaseModel):
         for name in outputs:
             if name not in known:
                 raise InvalidArgument(f"{model}: unknown output '{name}'; expected {sorted(known)}")
+
+
+def _limit_elements(model: str, t: Tensor, limit: int, truncate: bool) -> bytes | memoryview:
+    """Enforce a BYTES input's longest element: cut (when allowed) or refuse."""
+    items = deserialize_bytes(t.data)
+    longest = max((len(x) for x in items), default=0)
+    if longest <= limit:
+        return t.data
+    if not truncate:
+        raise InvalidArgument(
+            f"{model}: input '{t.name}' has an element of {longest} bytes; the limit is "
+            f"{limit} bytes"
+        )
+    return serialize_bytes([x[:limit] for x in items])

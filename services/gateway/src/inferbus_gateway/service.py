@@ -206,7 +206,7 @@ class InferenceService:
                 response = await self._idempotency.run(request, lambda: self._infer(request, t0))
             label_version = response.version
         except InferbusError as exc:
-            fallback = self._fallback(request, exc, t0)
+            fallback = await self._fallback(request, exc, t0)
             if fallback is not None:
                 REQUESTS.labels(request.model, fallback.version, protocol, "DEGRADED").inc()
                 return fallback
@@ -216,10 +216,15 @@ class InferenceService:
         LATENCY.labels(request.model, protocol).observe(time.perf_counter() - t0)
         return response
 
-    def _fallback(
+    async def _fallback(
         self, request: InferRequest, exc: InferbusError, t0: float
     ) -> InferResponse | None:
-        """The model's fixed fallback answer for a load or availability failure."""
+        """The model's fallback answer for a load or availability failure.
+
+        A fixed answer (``fallback.outputs``) is built here; a backup model
+        (``fallback.model``) is asked once, without admission and without its
+        own fallback. None when there is no fallback or it failed too.
+        """
         if isinstance(exc, BreakerOpen):
             reason = "breaker-open"
         elif isinstance(exc, ResourceExhausted):
@@ -234,6 +239,29 @@ class InferenceService:
             dv = self.resolve(request.model, request.version)
         except InferbusError:
             return None
+        fb = dv.config.fallback
+        if fb is not None and fb.model:
+            if reason == "deadline":
+                return None  # no time left to ask another model
+
+            backup = InferRequest(
+                model=fb.model,
+                version=fb.version or "",
+                id=request.id,
+                inputs=request.inputs,
+                outputs=request.outputs,
+                priority=request.priority,
+                timeout_s=request.timeout_s,
+                traceparent=request.traceparent,
+                tenant=request.tenant,
+            )
+            try:
+                answer = await self._infer(backup, time.perf_counter())
+            except InferbusError:
+                return None
+            answer.model = request.model
+            answer.degraded = f"{reason}; answered by {fb.model} version {answer.version}"
+            return answer
         rows = request.inputs[0].shape[0] if request.inputs and request.inputs[0].shape else 1
         outputs = fallback_outputs(dv.config, rows, request.outputs)
         if outputs is None:
