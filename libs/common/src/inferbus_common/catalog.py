@@ -43,6 +43,10 @@ class DeployedVersion(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
     """Path inside the version → SHA-256 of the file."""
     created_unix_ms: int = 0
+    signature: str = ""
+    """Base64 Ed25519 signature of `signing.signed_payload` (empty: unsigned)."""
+    key_id: str = ""
+    """Which registry key signed it."""
 
 
 class Route(BaseModel):

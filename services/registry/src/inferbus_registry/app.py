@@ -20,6 +20,7 @@ from inferbus_common import bus
 from inferbus_common.errors import InferbusError, Unavailable
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.ops import bind_socket, ops_app, serve_http, write_ports_file
+from inferbus_common.signing import load_private_key
 from inferbus_common.subjects import Subjects
 from inferbus_proto.registry import registry_pb2_grpc
 from inferbus_registry.publisher import CatalogPublisher
@@ -61,7 +62,13 @@ class RegistryApp:
         self.settings = settings
         self.store = store if store is not None else open_store(settings)
         self.repo = ModelRepository(
-            self.store, spool_dir=settings.spool_dir, max_push_bytes=settings.max_push_bytes
+            self.store,
+            spool_dir=settings.spool_dir,
+            max_push_bytes=settings.max_push_bytes,
+            signing_key=(
+                load_private_key(settings.signing_key_file) if settings.signing_key_file else None
+            ),
+            signing_key_id=settings.signing_key_id,
         )
         self.subjects = Subjects(settings.subject_prefix)
         self.grpc_port = 0

@@ -29,11 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 
 from inferbus_common.catalog import DeployedVersion, Route
 from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.signing import ALGORITHM, sign, signed_payload
 from inferbus_registry import naming
 from inferbus_registry.onnxcheck import check_onnx
 from inferbus_registry.store import Store
@@ -67,6 +69,9 @@ class VersionRecord:
     """SHA-256 (hex) of `manifest_json`."""
     files: dict[str, FileInfo]
     created_unix_ms: int
+    signature: str = ""
+    """Base64 Ed25519 signature of the files' digests (empty: unsigned)."""
+    key_id: str = ""
 
     def deployed(self) -> DeployedVersion:
         """The catalog record published in the models KV bucket."""
@@ -77,6 +82,8 @@ class VersionRecord:
             digest=self.digest,
             files={path: info.sha256 for path, info in self.files.items()},
             created_unix_ms=self.created_unix_ms,
+            signature=self.signature,
+            key_id=self.key_id,
         )
 
 
@@ -142,9 +149,13 @@ def canonical_config_json(config: ModelConfig) -> bytes:
 
 
 def build_manifest(
-    model: str, version: str, files: dict[str, FileInfo], created_unix_ms: int
+    model: str,
+    version: str,
+    files: dict[str, FileInfo],
+    created_unix_ms: int,
+    signature: dict[str, str] | None = None,
 ) -> bytes:
-    """manifest.json bytes; `signature` stays null until Ed25519 signing lands."""
+    """manifest.json bytes; `signature` is null when the registry has no signing key."""
     doc = {
         "model": model,
         "version": version,
@@ -152,7 +163,7 @@ def build_manifest(
             path: {"sha256": info.sha256, "size": info.size} for path, info in sorted(files.items())
         },
         "created_unix_ms": created_unix_ms,
-        "signature": None,
+        "signature": signature,
     }
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
@@ -216,9 +227,17 @@ class ModelRepository:
     """
 
     def __init__(
-        self, store: Store, *, spool_dir: Path | None = None, max_push_bytes: int = 16 << 30
+        self,
+        store: Store,
+        *,
+        spool_dir: Path | None = None,
+        max_push_bytes: int = 16 << 30,
+        signing_key: Ed25519PrivateKey | None = None,
+        signing_key_id: str = "",
     ) -> None:
         self.store = store
+        self._signing_key = signing_key
+        self._signing_key_id = signing_key_id
         self._spool_dir = spool_dir
         self._max_push = max_push_bytes
         self._locks: dict[str, asyncio.Lock] = {}
@@ -315,6 +334,8 @@ class ModelRepository:
                 for path, f in manifest["files"].items()
             },
             created_unix_ms=int(manifest.get("created_unix_ms", 0)),
+            signature=(manifest.get("signature") or {}).get("value", ""),
+            key_id=(manifest.get("signature") or {}).get("key_id", ""),
         )
 
     async def open_file(
@@ -477,7 +498,15 @@ class ModelRepository:
             await self.store.write_bytes(f"{prefix}/{CONFIG_FILE}", stored_config)
             stored += len(stored_config)
             created_ms = time.time_ns() // 1_000_000
-            manifest_json = build_manifest(model, version, files, created_ms)
+            sig = None
+            if self._signing_key is not None:
+                payload = signed_payload(model, version, {p: f.sha256 for p, f in files.items()})
+                sig = {
+                    "alg": ALGORITHM,
+                    "key_id": self._signing_key_id,
+                    "value": sign(self._signing_key, payload),
+                }
+            manifest_json = build_manifest(model, version, files, created_ms, sig)
             # The manifest goes last: its presence is what makes the version exist.
             await self.store.write_bytes(f"{prefix}/{MANIFEST_FILE}", manifest_json)
             stored += len(manifest_json)
@@ -490,6 +519,8 @@ class ModelRepository:
                 digest=hashlib.sha256(manifest_json).hexdigest(),
                 files=files,
                 created_unix_ms=created_ms,
+                signature=sig["value"] if sig else "",
+                key_id=sig["key_id"] if sig else "",
             )
 
         versions = await self.versions(model)

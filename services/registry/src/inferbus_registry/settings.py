@@ -34,6 +34,11 @@ class RegistrySettings(ServiceSettings):
     """Bucket holding `models/<name>/<version>/...`."""
     s3_secure: bool = False
     """Use HTTPS to reach the S3 endpoint."""
+    signing_key_file: Path | None = None
+    """Ed25519 private key (PEM) that signs every pushed version; unset: unsigned.
+    Workers that trust its public key refuse anything else."""
+    signing_key_id: str = "registry"
+    """Name of the signing key, recorded with each signature (for key rotation)."""
     s3_region: str = "us-east-1"
     """S3 region name."""
     spool_dir: Path | None = None

@@ -59,3 +59,9 @@ MERGED = Counter(
     "Micro-batches that were joined with others into one engine execution.",
     _LABELS,
 )
+
+ARTIFACTS_REJECTED = Counter(
+    "inferbus_worker_artifacts_rejected",
+    "Versions refused before loading, by reason (signature, digest).",
+    ["reason"],
+)

@@ -23,6 +23,10 @@ class WorkerSettings(ServiceSettings):
     """Registry gRPC address (artifacts are downloaded from it)."""
     cache_dir: Path = Path("~/.cache/inferbus/artifacts")
     """Local artifact cache."""
+    trusted_keys: list[str] = Field(default_factory=list)
+    """Registry public keys this worker trusts, ``<key_id>=<base64>`` (JSON list in
+    the environment). When set, only versions signed by one of them are loaded;
+    several keys allow rotation."""
     heartbeat_s: float = Field(default=2.0, gt=0)
     """How often the worker writes its status to the workers bucket."""
     ack_wait_s: float = Field(default=30.0, gt=0)

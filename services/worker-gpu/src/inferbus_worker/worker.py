@@ -35,12 +35,13 @@ from nats.js.kv import KeyValue
 from inferbus_common import ops
 from inferbus_common.bus import connect, ensure_batch_stream, shutdown
 from inferbus_common.catalog import Catalog, DeployedVersion, WorkerStatus, ensure_kv
-from inferbus_common.errors import InferbusError
+from inferbus_common.errors import FailedPrecondition, InferbusError
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.signing import SignatureError, parse_trusted_keys, signed_payload, verify
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_worker import metrics
-from inferbus_worker.artifacts import ArtifactCache
+from inferbus_worker.artifacts import ArtifactCache, DigestMismatch
 from inferbus_worker.engines import Engine, build_engine, warmup_batch_sizes
 from inferbus_worker.runner import ModelRunner
 from inferbus_worker.settings import WorkerSettings
@@ -81,6 +82,7 @@ class Worker:
         self.settings = settings
         self.instance_id = settings.instance_id or default_instance_id("worker")
         self.subjects = Subjects(settings.subject_prefix)
+        self._trusted_keys = parse_trusted_keys(settings.trusted_keys)
         self.cache = ArtifactCache(
             settings.cache_dir, settings.registry_url, timeout_s=settings.registry_timeout_s
         )
@@ -261,6 +263,22 @@ class Worker:
             self._retry_at.pop(key, None)
             self._set_state(key, None)
 
+    def _check_signature(self, dv: DeployedVersion) -> None:
+        """Refuse a version not signed by a trusted registry key (when keys are configured).
+
+        Raises:
+            FailedPrecondition: unsigned, unknown key, or digests that do not
+                match the signature; counted in the rejected-artifacts metric.
+        """
+        if not self._trusted_keys:
+            return
+        payload = signed_payload(dv.model, dv.version, dv.files)
+        try:
+            verify(self._trusted_keys, dv.key_id, dv.signature, payload)
+        except SignatureError as exc:
+            metrics.ARTIFACTS_REJECTED.labels(reason="signature").inc()
+            raise FailedPrecondition(f"refusing to load: {exc}") from None
+
     async def _load(self, key: VersionKey, dv: DeployedVersion) -> None:
         assert self._nc is not None
         extra = {"model": dv.model, "version": dv.version}
@@ -268,6 +286,7 @@ class Worker:
         engine: Engine | None = None
         runner: ModelRunner | None = None
         try:
+            self._check_signature(dv)
             directory = await self.cache.fetch(dv)
             engine = build_engine(dv.config, directory, trt_cache_dir=self._trt_cache_dir)
             await asyncio.to_thread(_load_engine, engine, dv.config)
@@ -283,6 +302,8 @@ class Worker:
             if isinstance(exc, asyncio.CancelledError):
                 self._set_state(key, None)
                 raise
+            if isinstance(exc, DigestMismatch):
+                metrics.ARTIFACTS_REJECTED.labels(reason="digest").inc()
             if isinstance(exc, InferbusError):
                 reason = exc.message
             elif isinstance(exc, Exception):
