@@ -115,6 +115,7 @@ def worker_settings(nats_url: str, prefix: str, cache_dir: Path, **extra: object
         "fetch_timeout_s": 0.2,
         "load_retry_s": 0.5,
         "drain_timeout_s": 5.0,
+        "unload_grace_s": 0.3,
     }
     fields.update(extra)
     return WorkerSettings(**fields)
@@ -293,8 +294,11 @@ async def test_unloads_when_the_route_moves_away(deployment: Deployment) -> None
     dep = deployment
     routes = await dep.js.key_value(dep.subjects.routes_bucket)
     route = Route(model="fraud", stable="2", versions=["1", "2"])
+    t0 = time.monotonic()
     await routes.put(Subjects.model_key("fraud"), route.model_dump_json().encode())
     await wait_until(lambda: ("fraud", "1") not in dep.worker.states)
+    # Make-before-break: it kept serving for the grace period first.
+    assert time.monotonic() - t0 >= 0.3
     assert dep.worker.runners == {}
     # An alias pointing at it brings it back.
     route = Route(model="fraud", stable="2", versions=["1", "2"], aliases={"canary": "1"})

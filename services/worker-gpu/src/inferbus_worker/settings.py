@@ -27,6 +27,9 @@ class WorkerSettings(ServiceSettings):
     """Registry public keys this worker trusts, ``<key_id>=<base64>`` (JSON list in
     the environment). When set, only versions signed by one of them are loaded;
     several keys allow rotation."""
+    unload_grace_s: float = Field(default=10.0, ge=0)
+    """A version no longer routed keeps being served this long before it is
+    unloaded, so requests already routed to it finish (make-before-break)."""
     heartbeat_s: float = Field(default=2.0, gt=0)
     """How often the worker writes its status to the workers bucket."""
     ack_wait_s: float = Field(default=30.0, gt=0)

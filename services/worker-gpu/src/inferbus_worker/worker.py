@@ -89,6 +89,7 @@ class Worker:
         self._trt_cache_dir: Path = settings.trt_cache_dir or self.cache.root / "tensorrt"
         self.states: dict[VersionKey, str] = {}
         self.runners: dict[VersionKey, ModelRunner] = {}
+        self._unwanted_since: dict[VersionKey, float] = {}
         self.metrics_port = 0
         self._loads: dict[VersionKey, asyncio.Task[None]] = {}
         self._retry_at: dict[VersionKey, float] = {}
@@ -238,8 +239,12 @@ class Worker:
         while not self._closed:
             self._changed.clear()
             await self._reconcile()
-            # Wake on catalog changes, and now and then to retry failed loads.
-            await _wait_event(self._changed, self.settings.load_retry_s)
+            # Wake on catalog changes, and now and then to retry failed loads
+            # (sooner while a retired version waits out its grace period).
+            wait = self.settings.load_retry_s
+            if self._unwanted_since:
+                wait = min(wait, max(0.05, self.settings.unload_grace_s / 4))
+            await _wait_event(self._changed, wait)
 
     async def _reconcile(self) -> None:
         want = self.desired()
@@ -253,13 +258,26 @@ class Worker:
             self._loads[key] = asyncio.create_task(self._load(key, dv), name=f"load-{key}")
         for key in [k for k in self._loads if k not in want]:
             self._loads[key].cancel()
+        for key in list(self._unwanted_since):
+            if key in want:
+                del self._unwanted_since[key]
         for key in [k for k in self.runners if k not in want]:
+            # Make-before-break: a version that lost its route keeps serving for a
+            # grace period, so requests already routed (or queued) to it finish.
+            since = self._unwanted_since.setdefault(key, now)
+            if now - since < self.settings.unload_grace_s:
+                continue
+            del self._unwanted_since[key]
             runner = self.runners.pop(key)
             metrics.MODELS_LOADED.set(len(self.runners))
             log.info("unloading", extra={"model": key[0], "version": key[1]})
             await runner.stop()
             self._set_state(key, None)
-        for key in [k for k in self.states if k not in want and k not in self._loads]:
+        for key in [
+            k
+            for k in self.states
+            if k not in want and k not in self._loads and k not in self.runners
+        ]:
             self._retry_at.pop(key, None)
             self._set_state(key, None)
 
