@@ -102,3 +102,13 @@ def test_response_has_raw_outputs_and_timings() -> None:
     assert np.frombuffer(out.raw_output_contents[0], dtype=np.float32).tolist() == [0.25, 0.75]
     assert out.parameters["inferbus_queue_us"].int64_param == 500
     assert out.parameters["inferbus_digest"].string_param == "d1"
+
+
+def test_model_metadata_has_only_v2_tensor_fields() -> None:
+    from inferbus_common.modelconfig import TensorSpec
+    from inferbus_gateway.service import _tensor_metadata
+
+    spec = TensorSpec(name="s", datatype="BYTES", shape=[-1], max_element_bytes=8, truncate=True)
+    md = _tensor_metadata(spec)
+    assert md == {"name": "s", "datatype": "BYTES", "shape": [-1]}
+    pb.ModelMetadataResponse().inputs.add(**md)  # accepted by the V2 message

@@ -19,6 +19,7 @@ from inferbus_common.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from inferbus_common.modelconfig import TensorSpec
 from inferbus_common.replies import error_from_reply
 from inferbus_common.wire import FrameError, decode_tensors
 from inferbus_gateway.admission import Admission, BreakerOpen, fallback_outputs
@@ -61,6 +62,11 @@ LATENCY = Histogram(
 
 SERVER_EXTENSIONS = ["binary_tensor_data"]
 MAX_REQUEST_ID = 256
+
+
+def _tensor_metadata(spec: TensorSpec) -> dict[str, object]:
+    """The KServe V2 tensor metadata of a spec: name, datatype, shape only."""
+    return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
 
 
 class InferenceService:
@@ -159,8 +165,8 @@ class InferenceService:
             "name": model,
             "versions": versions,
             "platform": cfg.platform,
-            "inputs": [s.model_dump() for s in cfg.inputs],
-            "outputs": [s.model_dump() for s in cfg.outputs],
+            "inputs": [_tensor_metadata(s) for s in cfg.inputs],
+            "outputs": [_tensor_metadata(s) for s in cfg.outputs],
         }
 
     # --- inference -------------------------------------------------------------
