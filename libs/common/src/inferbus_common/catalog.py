@@ -136,9 +136,12 @@ class Catalog:
     async def __aexit__(self, *exc: object) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            # Bounded: a watcher blocked in a nats-py call that lost its
+            # cancellation must not hold up the shutdown of the whole service.
+            _, pending = await asyncio.wait(self._tasks, timeout=5.0)
+            if pending:
+                log.warning("%d catalog watchers did not stop in time", len(pending))
         self._tasks.clear()
 
     async def wait_loaded(self, timeout: float = 10.0) -> None:
@@ -177,8 +180,9 @@ class Catalog:
                 async with self._changed:
                     self._changed.notify_all()
         finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()
+            with contextlib.suppress(Exception, TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await watcher.stop()
 
     def _apply_version(self, key: str, value: bytes | None) -> None:
         if value is None:

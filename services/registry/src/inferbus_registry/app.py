@@ -80,6 +80,7 @@ class RegistryApp:
         self._republished = False
         self._stopping = False
         self._probe: asyncio.Task[None] | None = None
+        self._probe_stop = asyncio.Event()
 
     def ready(self) -> tuple[bool, str]:
         """(ready, reason) for /readyz."""
@@ -104,8 +105,15 @@ class RegistryApp:
         """
         assert self._nc is not None
         seen_reconnects = self._nc.stats["reconnects"]
-        while True:
-            await asyncio.sleep(self.settings.store_probe_interval_s)
+        while not self._probe_stop.is_set():
+            # An event, not only cancel(): nats-py calls built on asyncio.wait_for
+            # can lose a cancellation on Python 3.11, which left this loop running
+            # and shutdown waiting for it forever.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.store_probe_interval_s):
+                    await self._probe_stop.wait()
+            if self._probe_stop.is_set():
+                return
             try:
                 await self.store.check()
             except Unavailable as exc:
@@ -184,9 +192,11 @@ class RegistryApp:
 
     async def _stop_probe(self) -> None:
         if self._probe is not None:
+            self._probe_stop.set()
             self._probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                async with asyncio.timeout(max(1.0, self.settings.drain_timeout_s)):
+                    await self._probe
 
     async def _stop_grpc(self) -> None:
         self._stopping = True  # /readyz turns 503 while in-flight calls finish
