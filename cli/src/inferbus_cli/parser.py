@@ -214,6 +214,35 @@ def _add_limits(sub: argparse._SubParsersAction) -> None:
     dl.add_argument("name")
 
 
+def _add_keys(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("keys", help="API keys and model access of tenants (kept in Redis)")
+    ksub = p.add_subparsers(dest="action", metavar="ACTION")
+    p.set_defaults(handler="keys:run", action="list", tenant="")
+
+    def common(q: argparse.ArgumentParser) -> None:
+        _home_option(q)
+        q.add_argument("--redis", help="Redis URL (default: the stack's, from state.json)")
+        q.add_argument("--prefix", default="ib", help="Redis key prefix of the gateways (ib)")
+        q.add_argument("--json", action="store_true", help="print JSON")
+
+    common(p)
+    lst = ksub.add_parser("list", help="every key (never the secrets)")
+    common(lst)
+    lst.add_argument("tenant", nargs="?", default="", help="only this tenant's keys")
+    cr = ksub.add_parser("create", help="a new key for a tenant (printed once)")
+    common(cr)
+    cr.add_argument("tenant")
+    cr.add_argument("--models", nargs="*", default=[], help="also allow these models (* = all)")
+    rv = ksub.add_parser("revoke", help="revoke a key by id")
+    common(rv)
+    rv.add_argument("key_id")
+    for name, text in (("allow", "let a tenant call models"), ("disallow", "take models away")):
+        q = ksub.add_parser(name, help=text)
+        common(q)
+        q.add_argument("tenant")
+        q.add_argument("models", nargs="+")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `inferbus` parser.
 
@@ -229,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_up(sub)
     _add_down(sub)
     _add_limits(sub)
+    _add_keys(sub)
     _add_status(sub)
     _add_models(sub)
     _add_infer(sub)

@@ -17,7 +17,8 @@ from inferbus_cli.plan import redis_url
 from inferbus_cli.state import load_state, resolve_home
 
 
-def _redis_target(args: argparse.Namespace) -> str:
+def redis_target(args: argparse.Namespace) -> str:
+    """The Redis URL: ``--redis``, else the local stack's from state.json."""
     if args.redis:
         return args.redis
     state = load_state(resolve_home(args.home))
@@ -40,7 +41,7 @@ async def _run(args: argparse.Namespace) -> int:
     )
 
     keys = AdmissionKeys(args.prefix)
-    redis = connect_redis(_redis_target(args), timeout_s=5.0)
+    redis = connect_redis(redis_target(args), timeout_s=5.0)
     try:
         if args.action == "set":
             limit = Limit(_scope(args.scope), args.name, qps=args.qps, burst=args.burst)
