@@ -53,7 +53,7 @@ async def test_serving_survives_the_registry_and_a_worker_restart(stack) -> None
             **stack.module_env,
             "INFERBUS_WORKER_NATS_URL": stack.nats.url,
             "INFERBUS_WORKER_REGISTRY_URL": "127.0.0.1:9",  # nothing there
-            "INFERBUS_WORKER_CACHE_DIR": str(stack.base / "cache-w0"),
+            "INFERBUS_WORKER_CACHE_DIR": str(stack.base / "cache-worker0"),
             "INFERBUS_WORKER_METRICS_PORT": "0",
         },
         log_dir=stack.base,
