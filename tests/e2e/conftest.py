@@ -27,11 +27,6 @@ class Stack(LocalStack):
 
     model_dir: Path
 
-    @property
-    def module_env(self) -> dict[str, str]:
-        """The environment every service of this stack was given."""
-        return self.env
-
 
 def make_fraud_model(out: Path) -> Path:
     """Write the example model with the repository's own script."""

@@ -50,7 +50,7 @@ async def test_serving_survives_the_registry_and_a_worker_restart(stack) -> None
         "inferbus_worker",
         name="worker0-warm",
         env={
-            **stack.module_env,
+            **stack.env,
             "INFERBUS_WORKER_NATS_URL": stack.nats.url,
             "INFERBUS_WORKER_REGISTRY_URL": "127.0.0.1:9",  # nothing there
             "INFERBUS_WORKER_CACHE_DIR": str(stack.base / "cache-worker0"),

@@ -170,6 +170,9 @@ class ModelConfig(BaseModel):
         Inputs must be exactly the model's inputs, with the right datatype,
         a shape that matches (``-1`` matches anything), a common batch size
         within `max_batch_size`, and raw data whose size matches the shape.
+        BYTES inputs with `max_element_bytes` are checked too; with
+        ``truncate`` their over-long elements are cut in place (the tensor's
+        data is replaced), which is the one change this method makes.
 
         Raises:
             InvalidArgument: naming what is wrong and what was expected.

@@ -186,30 +186,30 @@ class InferenceService:
         """Admit, validate, send into the platform and wait for the answer.
 
         When admission refuses for load (breaker open, a limit hit) or the
-        model fails (unavailable, deadline), and the model's config has a fixed
-        fallback, the fallback answers instead, marked `degraded`.
+        model fails (unavailable, deadline), and the model's config has a
+        fallback (fixed outputs or a backup model), it answers instead, marked
+        `degraded`.
 
         Raises:
             InferbusError: with the status the client should see.
         """
         t0 = time.perf_counter()
         label_version = request.version or ""
+        admission = self._admission
         try:
-            if self._admission is not None:
-                principal = await self._admission.admit(
+            if admission is not None:
+                principal = await admission.admit(
                     headers or {}, model=request.model, interface="ModelInfer"
                 )
                 request.tenant = principal.tenant
-                try:
-                    response = await self._idempotency.run(
-                        request, lambda: self._infer(request, t0)
-                    )
-                except BaseException as exc:
-                    self._admission.record(request.model, exc)
-                    raise
-                self._admission.record(request.model, None)
-            else:
+            try:
                 response = await self._idempotency.run(request, lambda: self._infer(request, t0))
+            except BaseException as exc:
+                if admission is not None:
+                    admission.record(request.model, exc)  # exactly once per admitted request
+                raise
+            if admission is not None:
+                admission.record(request.model, None)
             label_version = response.version
         except InferbusError as exc:
             fallback = await self._fallback(request, exc, t0)

@@ -204,22 +204,9 @@ class RegistryApp:
             await self._server.stop(self.settings.drain_timeout_s)
 
     async def _close_nats(self) -> None:
-        nc = self._nc
-        if nc is None or nc.is_closed:
-            return
-        # The registry has no subscriptions, so draining reduces to flushing what
-        # it published; a reconnecting client has nothing left to flush.
-        timeout = max(1.0, self.settings.drain_timeout_s)
-        if nc.is_connected:
-            try:
-                await nc.flush(timeout=timeout)  # type: ignore[arg-type]
-            except NATS_ERRORS as exc:
-                log.warning("nats flush on shutdown failed: %s", exc)
-        try:
-            async with asyncio.timeout(timeout):
-                await nc.close()
-        except TimeoutError:
-            log.warning("nats close took longer than %.1f s; giving up on it", timeout)
+        if self._nc is not None:
+            # The registry has no subscriptions: draining is flushing what it published.
+            await bus.shutdown(self._nc, max(1.0, self.settings.drain_timeout_s))
 
     async def __aexit__(
         self,
