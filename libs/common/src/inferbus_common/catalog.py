@@ -58,6 +58,23 @@ class Route(BaseModel):
     versions: list[str] = Field(default_factory=list)
     aliases: dict[str, str] = Field(default_factory=dict)
     pool: str = "default"
+    """Pool of the stable version (each version's own pool is its `config.pool`)."""
+    canary: str = ""
+    """Version that takes `canary_weight` percent of unpinned traffic ('' = none)."""
+    canary_weight: float = 0.0
+    """Percent (0-100) of unpinned requests sent to `canary`."""
+    shadow: str = ""
+    """Version that receives sampled copies of requests ('' = none); never answers clients."""
+    shadow_rate: float = 0.0
+    """Fraction (0-1) of requests copied to `shadow`."""
+    sticky: str = ""
+    """Stickiness key: '' (off), 'tenant', or 'header:<Name>' (a request header)."""
+    revision: int = 0
+    """Incremented by every change; routers log and export it."""
+    updated_by: str = ""
+    updated_unix_ms: int = 0
+    change: str = ""
+    """Why the last change was made (operator text or rollout step)."""
 
 
 class WorkerStatus(BaseModel):

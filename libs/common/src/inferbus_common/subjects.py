@@ -91,6 +91,11 @@ class Subjects:
         """Router → generative workers (skips the batcher)."""
         return f"{self.prefix}.gen.{subject_token(model)}.{subject_token(version)}"
 
+    @property
+    def gen_all(self) -> str:
+        """Wildcard generative workers subscribe under (one subject per model version)."""
+        return f"{self.prefix}.gen.*.*"
+
     def idle(self, pool: str, model: str, version: str) -> str:
         """Worker → batchers: a worker of this pool has a free slot and an empty queue."""
         return (
@@ -116,6 +121,15 @@ class Subjects:
     def events_all(self) -> str:
         """Wildcard for every registry event."""
         return f"{self.prefix}.events.registry.*"
+
+    def audit(self, model: str) -> str:
+        """Gateway → audit trail: one JSON record per answered request (`AuditRecord`)."""
+        return f"{self.prefix}.audit.{subject_token(model)}"
+
+    @property
+    def audit_all(self) -> str:
+        """Subjects captured by the audit stream."""
+        return f"{self.prefix}.audit.>"
 
     @property
     def batch_stream(self) -> str:
