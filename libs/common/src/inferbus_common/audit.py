@@ -1,0 +1,84 @@
+"""The audit record: one per request the gateway answered.
+
+The gateway publishes each record as JSON on ``<prefix>.audit.<model>``
+(`Subjects.audit`). Consumers: the audit stream (``<prefix>_AUDIT``), the
+rollout controller (error rate and latency per version), replay and drift
+tools. Publishing is fire-and-forget: the audit trail never slows down or
+fails a request.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, Field
+
+
+class AuditRecord(BaseModel):
+    """What happened to one request."""
+
+    request_id: str
+    ts_unix_ms: int
+    """When the gateway answered."""
+    gateway: str = ""
+    """Instance id of the gateway that answered."""
+    protocol: str = ""
+    """``grpc``, ``rest`` or ``openai``."""
+    tenant: str = ""
+    model: str
+    version: str = ""
+    """Version that answered ('' when none was reached)."""
+    digest: str = ""
+    """SHA-256 of the answering version's manifest."""
+    status: str
+    """`StatusCode` name (``OK``, ``INVALID_ARGUMENT``, ...) or ``DEGRADED``."""
+    reason: str = ""
+    """Machine-readable refusal reason (``cluster-qps``, ``breaker-open``, ...)."""
+    latency_ms: float = 0.0
+    """End-to-end time at the gateway."""
+    stages_ms: dict[str, float] = Field(default_factory=dict)
+    """Stage timings from the reply (``queue``, ``compute``, ``gateway``, ...)."""
+
+
+def encode_record(
+    *,
+    request_id: str,
+    ts_unix_ms: int,
+    gateway: str,
+    protocol: str,
+    tenant: str,
+    model: str,
+    version: str,
+    digest: str,
+    status: str,
+    reason: str,
+    latency_ms: float,
+    stages_ms: dict[str, float],
+) -> bytes:
+    """JSON bytes of an `AuditRecord`, without pydantic's cost on the hot path."""
+    return json.dumps(
+        {
+            "request_id": request_id,
+            "ts_unix_ms": ts_unix_ms,
+            "gateway": gateway,
+            "protocol": protocol,
+            "tenant": tenant,
+            "model": model,
+            "version": version,
+            "digest": digest,
+            "status": status,
+            "reason": reason,
+            "latency_ms": round(latency_ms, 3),
+            "stages_ms": {k: round(v, 3) for k, v in stages_ms.items()},
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def decode_record(data: bytes) -> AuditRecord:
+    """Parse a published record.
+
+    Raises:
+        pydantic.ValidationError: not an audit record.
+    """
+    return AuditRecord.model_validate_json(data)
