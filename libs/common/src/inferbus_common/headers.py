@@ -40,6 +40,16 @@ REASON = "Ib-Reason"
 """On RESOURCE_EXHAUSTED replies: which limit or queue was full."""
 BATCH_SIZE = "Ib-Batch-Size"
 """On replies: rows in the micro-batch that computed the answer."""
+KIND = "Ib-Kind"
+"""Request kind: absent for tensor inference, `KIND_GENERATE` for generative
+requests (the router sends those to ``ib.gen.<model>.<version>``, skipping the
+batcher)."""
+KIND_GENERATE = "generate"
+STICKY_KEY = "Ib-Sticky-Key"
+"""Value the router hashes for sticky routing when the route's `sticky` is
+``header:<Name>``; the gateway copies it from that request header."""
+SEQ = "Ib-Seq"
+"""On streamed replies: 0-based sequence number of the chunk."""
 
 
 def now_ns() -> int:
