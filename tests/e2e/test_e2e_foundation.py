@@ -194,3 +194,58 @@ def test_bad_requests_leave_the_stack_serving(stack, reference) -> None:
     result = client.infer("fraud", [_input("input", [3, 64], "FP32", x)])
     np.testing.assert_allclose(result.as_numpy("probabilities"), reference(x), rtol=1e-5, atol=1e-6)
     client.close()
+
+
+async def test_every_answered_request_leaves_an_audit_record(stack) -> None:
+    """One `AuditRecord` per answer on ``ib.audit.<model>``: version, digest and
+    stage timings for a success, the status for a refusal."""
+    import nats
+
+    from inferbus_common.audit import decode_record
+    from inferbus_common.subjects import Subjects
+
+    assert stack.nats is not None
+    nc = await nats.connect(stack.nats.url)
+    records: asyncio.Queue = asyncio.Queue()
+
+    async def on_record(msg) -> None:
+        await records.put(decode_record(msg.data))
+
+    await nc.subscribe(Subjects().audit_all, cb=on_record)
+    await nc.flush()
+    client = grpcaio.InferenceServerClient(stack.grpc_url)
+    try:
+        # A fresh subscription may miss its first message (nats-server 2.15.1):
+        # send until one record arrives before the checked requests.
+        deadline = time.monotonic() + 10
+        while records.empty():
+            assert time.monotonic() < deadline, "no audit record arrived"
+            await client.infer("fraud", [_input_aio("input", [1, 64], "FP32", _rows(1, 1))])
+            await asyncio.sleep(0.05)
+        await client.infer(
+            "fraud", [_input_aio("input", [2, 64], "FP32", _rows(2, 2))], request_id="audit-ok"
+        )
+        with pytest.raises(InferenceServerException):
+            await client.infer(
+                "fraud", [_input_aio("wrong", [1, 64], "FP32", _rows(1, 0))], request_id="audit-bad"
+            )
+        seen: dict[str, object] = {}
+        deadline = time.monotonic() + 10
+        while not {"audit-ok", "audit-bad"} <= seen.keys():
+            rec = await asyncio.wait_for(records.get(), max(0.1, deadline - time.monotonic()))
+            seen[rec.request_id] = rec
+    finally:
+        await client.close()
+        await nc.close()
+    ok, bad = seen["audit-ok"], seen["audit-bad"]
+    assert (ok.model, ok.version, ok.status, ok.protocol) == ("fraud", "1", "OK", "grpc")
+    assert len(ok.digest) == 64 and ok.latency_ms > 0
+    assert {"queue", "compute", "gateway"} <= ok.stages_ms.keys()
+    assert (bad.model, bad.status, bad.version) == ("fraud", "INVALID_ARGUMENT", "")
+    assert ok.gateway and ok.gateway == bad.gateway
+
+
+def _input_aio(name: str, shape: list[int], datatype: str, data: np.ndarray) -> grpcaio.InferInput:
+    inp = grpcaio.InferInput(name, shape, datatype)
+    inp.set_data_from_numpy(data)
+    return inp

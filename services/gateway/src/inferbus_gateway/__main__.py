@@ -44,6 +44,8 @@ async def serve(settings: GatewaySettings) -> None:
                 default_timeout_s=settings.default_timeout_s,
                 idempotency_window_s=settings.idempotency_window_s,
                 admission=admission,
+                audit_subjects=subjects if settings.audit_enabled else None,
+                instance=instance,
             )
             await catalog.wait_loaded()
             service.catalog_loaded = True

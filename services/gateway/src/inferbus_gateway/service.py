@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from prometheus_client import Counter, Histogram
 
 from inferbus_common import headers as h
+from inferbus_common.audit import encode_record
 from inferbus_common.catalog import Catalog, DeployedVersion
 from inferbus_common.errors import (
     DeadlineExceeded,
@@ -21,6 +24,7 @@ from inferbus_common.errors import (
 )
 from inferbus_common.modelconfig import TensorSpec
 from inferbus_common.replies import error_from_reply
+from inferbus_common.subjects import Subjects
 from inferbus_common.wire import FrameError, decode_tensors
 from inferbus_gateway.admission import Admission, BreakerOpen, fallback_outputs
 from inferbus_gateway.canonical import InferRequest, InferResponse
@@ -60,8 +64,25 @@ LATENCY = Histogram(
     ),
 )
 
+AUDIT_DROPPED = Counter(
+    "inferbus_gateway_audit_dropped_total",
+    "Audit records that could not be published (NATS down or buffer full).",
+)
+
 SERVER_EXTENSIONS = ["binary_tensor_data"]
 MAX_REQUEST_ID = 256
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Outcome:
+    """What `_infer` learned about a request, kept for its audit record even when it fails."""
+
+    request_id: str = ""
+    version: str = ""
+    digest: str = ""
+    timings_ms: dict[str, float] = field(default_factory=dict)
 
 
 def _tensor_metadata(spec: TensorSpec) -> dict[str, object]:
@@ -94,6 +115,8 @@ class InferenceService:
         default_timeout_s: float,
         idempotency_window_s: float = 30.0,
         admission: Admission | None = None,
+        audit_subjects: Subjects | None = None,
+        instance: str = "",
     ) -> None:
         self._nc = nc
         self._catalog = catalog
@@ -104,6 +127,8 @@ class InferenceService:
         self.catalog_loaded = False
         self._idempotency = IdempotencyCache(idempotency_window_s)
         self._admission = admission
+        self._audit_subjects = audit_subjects
+        self._instance = instance
 
     # --- health and metadata ---------------------------------------------------
     def live(self) -> bool:
@@ -194,7 +219,7 @@ class InferenceService:
             InferbusError: with the status the client should see.
         """
         t0 = time.perf_counter()
-        label_version = request.version or ""
+        outcome = _Outcome(request_id=request.id or uuid.uuid4().hex, version=request.version)
         admission = self._admission
         try:
             if admission is not None:
@@ -203,24 +228,69 @@ class InferenceService:
                 )
                 request.tenant = principal.tenant
             try:
-                response = await self._idempotency.run(request, lambda: self._infer(request, t0))
+                response = await self._idempotency.run(
+                    request, lambda: self._infer(request, t0, outcome)
+                )
             except BaseException as exc:
                 if admission is not None:
                     admission.record(request.model, exc)  # exactly once per admitted request
                 raise
             if admission is not None:
                 admission.record(request.model, None)
-            label_version = response.version
         except InferbusError as exc:
             fallback = await self._fallback(request, exc, t0)
             if fallback is not None:
                 REQUESTS.labels(request.model, fallback.version, protocol, "DEGRADED").inc()
+                reason = fallback.degraded
+                await self._audit(request, protocol, outcome, "DEGRADED", reason, t0)
                 return fallback
-            REQUESTS.labels(request.model, label_version, protocol, exc.code.name).inc()
+            REQUESTS.labels(request.model, outcome.version, protocol, exc.code.name).inc()
+            reason = exc.reason if isinstance(exc, ResourceExhausted) else ""
+            await self._audit(request, protocol, outcome, exc.code.name, reason, t0)
             raise
-        REQUESTS.labels(request.model, label_version, protocol, "OK").inc()
+        REQUESTS.labels(request.model, response.version, protocol, "OK").inc()
         LATENCY.labels(request.model, protocol).observe(time.perf_counter() - t0)
+        outcome.version, outcome.digest = response.version, response.digest
+        outcome.timings_ms = response.timings_ms
+        await self._audit(request, protocol, outcome, "OK", "", t0)
         return response
+
+    async def _audit(
+        self,
+        request: InferRequest,
+        protocol: str,
+        outcome: _Outcome,
+        status: str,
+        reason: str,
+        t0: float,
+    ) -> None:
+        """Publish the request's audit record; never fails the request.
+
+        `publish` only appends to the NATS client's buffer (flushed by its
+        flusher task), so this costs no round trip. A request
+        that failed before a version was known is recorded with version ''.
+        """
+        if self._audit_subjects is None:
+            return
+        data = encode_record(
+            request_id=outcome.request_id,
+            ts_unix_ms=time.time_ns() // 1_000_000,
+            gateway=self._instance,
+            protocol=protocol,
+            tenant=request.tenant,
+            model=request.model,
+            version=outcome.version,
+            digest=outcome.digest,
+            status=status,
+            reason=reason,
+            latency_ms=(time.perf_counter() - t0) * 1000.0,
+            stages_ms=outcome.timings_ms,
+        )
+        try:
+            await self._nc.publish(self._audit_subjects.audit(request.model), data)
+        except Exception as exc:  # the audit trail must never fail a request
+            AUDIT_DROPPED.inc()
+            log.debug("audit record dropped: %s", type(exc).__name__)
 
     async def _fallback(
         self, request: InferRequest, exc: InferbusError, t0: float
@@ -282,10 +352,12 @@ class InferenceService:
             degraded=reason,
         )
 
-    async def _infer(self, request: InferRequest, t0: float) -> InferResponse:
+    async def _infer(
+        self, request: InferRequest, t0: float, outcome: _Outcome | None = None
+    ) -> InferResponse:
         if len(request.id) > MAX_REQUEST_ID:
             raise InvalidArgument(f"request id is longer than {MAX_REQUEST_ID} characters")
-        request_id = request.id or uuid.uuid4().hex
+        request_id = request.id or (outcome.request_id if outcome else "") or uuid.uuid4().hex
         dv = self.resolve(request.model, request.version)
         dv.config.validate_request(request.inputs, request.outputs)
         state = self._catalog.version_state(dv.model, dv.version)
@@ -312,10 +384,13 @@ class InferenceService:
             tenant=request.tenant,
         )
         t_back = time.perf_counter()
-        err = error_from_reply(msg.headers)
+        headers = msg.headers or {}
+        if outcome is not None:
+            outcome.version = headers.get(h.VERSION, outcome.version)
+            outcome.digest = headers.get(h.DIGEST, "")
+        err = error_from_reply(headers)
         if err is not None:
             raise err
-        headers = msg.headers or {}
         try:
             outputs = decode_tensors(msg.data)
         except FrameError:

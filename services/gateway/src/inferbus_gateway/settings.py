@@ -31,6 +31,9 @@ class GatewaySettings(ServiceSettings):
     idempotency_window_s: float = Field(default=30.0, ge=0)
     """A retry with the same request id and inputs within this window gets the
     first answer instead of being computed again (0 disables)."""
+    audit_enabled: bool = True
+    """Publish one audit record per answered request on ``<prefix>.audit.<model>``
+    (read by the rollout controller, health-aware routing and the audit stream)."""
     server_name: str = "inferbus"
     """Name reported by ServerMetadata."""
 
