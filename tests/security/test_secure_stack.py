@@ -1,0 +1,164 @@
+"""The whole stack running as it should in production (`SecureStack`): every
+service on its own NATS user with least-privilege permissions, Redis behind a
+password, the gateway on TLS only. Predictions still flow, plaintext and
+wrong credentials are refused, and no secret reaches a log."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import redis.asyncio as aioredis
+import redis.exceptions
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from inferbus_testing.processes import ServiceError, ServiceProcess
+from inferbus_testing.secure import SecureStack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureStack]:
+    base = tmp_path_factory.mktemp("secure")
+    model_dir = base / "fraud-model"
+    subprocess.run(
+        [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(model_dir)],
+        check=True,
+        capture_output=True,
+    )
+    st = SecureStack(base, workers=1, with_redis=True)
+    with st:
+        st.push(model_dir, "fraud")
+        st.wait_model_ready("fraud")
+        yield st
+
+
+def _x(rows: int) -> np.ndarray:
+    return np.random.default_rng(rows).standard_normal((rows, 64)).astype(np.float32)
+
+
+def test_predictions_over_tls_grpc_and_https(stack: SecureStack) -> None:
+    inp = grpcclient.InferInput("input", [2, 64], "FP32")
+    inp.set_data_from_numpy(_x(2))
+    client = grpcclient.InferenceServerClient(
+        stack.grpc_url, ssl=True, root_certificates=str(stack.ca_file)
+    )
+    out = client.infer("fraud", [inp]).as_numpy("probabilities")
+    client.close()
+    assert out.shape[0] == 2
+
+    hinp = httpclient.InferInput("input", [3, 64], "FP32")
+    hinp.set_data_from_numpy(_x(3))
+    hclient = httpclient.InferenceServerClient(
+        stack.http_url, ssl=True, ssl_options={"ca_certs": str(stack.ca_file)}
+    )
+    hout = hclient.infer("fraud", [hinp]).as_numpy("probabilities")
+    hclient.close()
+    assert hout.shape[0] == 3
+
+
+def test_plaintext_clients_are_refused(stack: SecureStack) -> None:
+    channel = grpc.insecure_channel(stack.grpc_url)
+    with pytest.raises(grpc.FutureTimeoutError):
+        grpc.channel_ready_future(channel).result(timeout=2)
+    channel.close()
+    import httpx
+
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://{stack.http_url}/v2/health/ready", timeout=2)
+
+
+async def test_redis_requires_the_password(stack: SecureStack) -> None:
+    assert stack.redis is not None
+    anonymous = aioredis.from_url(stack.redis.url)
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        await anonymous.ping()
+    await anonymous.aclose()
+    authed = aioredis.from_url(stack.redis.url, password=stack.redis_password)
+    assert await authed.ping()
+    # The gateway authenticated too: it registered itself for the limiter.
+    keys = [k async for k in authed.scan_iter("ib:*")]
+    await authed.aclose()
+    assert keys, "the gateway wrote nothing to Redis: did it authenticate?"
+
+
+def test_service_with_wrong_nats_password_never_serves(stack: SecureStack, tmp_path: Path) -> None:
+    bad = tmp_path / "bad-password"
+    bad.write_text("not-the-router-password")
+    assert stack.nats is not None
+    proc = ServiceProcess(
+        "inferbus_router",
+        name="router-bad",
+        env={
+            "INFERBUS_ROUTER_NATS_URL": stack.nats.url,
+            "INFERBUS_ROUTER_METRICS_PORT": "0",
+            "INFERBUS_ROUTER_NATS_USER": "router",
+            "INFERBUS_ROUTER_NATS_PASSWORD_FILE": str(bad),
+        },
+        log_dir=tmp_path,
+    )
+    # It keeps retrying (a service never gives up on NATS) but never serves.
+    try:
+        with pytest.raises(ServiceError, match="no ports file"):
+            proc.start(timeout=10)
+    finally:
+        proc.terminate(timeout=5)
+        proc.cleanup()
+    assert stack.nats is not None
+    assert 'authentication error - User "router"' in stack.nats.log_tail(200)
+
+
+def test_no_secret_in_any_log(stack: SecureStack) -> None:
+    secrets = [*stack.passwords.values(), stack.redis_password]
+    key = (stack.secrets_dir / "key.pem").read_text().splitlines()[1]
+    logs = [p for p in stack.base.rglob("*.log") if "nats" not in p.parts]
+    assert logs, "no service logs found"
+    for path in logs:
+        text = path.read_text(errors="replace")
+        for secret in [*secrets, key]:
+            assert secret not in text, f"a secret leaked into {path}"
+
+
+def test_permissions_are_sufficient(stack: SecureStack) -> None:
+    """No service of the running stack was refused anything by the broker: the
+    permission table covers everything the services do."""
+    logs = [p for p in stack.base.glob("*.log")]
+    assert logs
+    for path in logs:
+        text = path.read_text(errors="replace").lower()
+        assert "permissions violation" not in text, f"{path.name}: {text[-2000:]}"
+
+
+async def test_stack_keeps_serving_after_refusals(stack: SecureStack) -> None:
+    await asyncio.sleep(0)  # runs last in the module: everything above left the stack healthy
+    client = grpcclient.InferenceServerClient(
+        stack.grpc_url, ssl=True, root_certificates=str(stack.ca_file)
+    )
+    assert client.is_model_ready("fraud")
+    client.close()
+
+
+async def test_registry_requires_its_token(stack: SecureStack) -> None:
+    from inferbus_common.errors import PermissionDenied, Unauthenticated
+    from inferbus_registry.client import RegistryClient
+
+    async with RegistryClient(stack.registry_url) as anonymous:
+        with pytest.raises(Unauthenticated, match="INFERBUS_REGISTRY_TOKEN"):
+            await anonymous.list_models()
+    async with RegistryClient(stack.registry_url, token="forged") as forged:
+        with pytest.raises(Unauthenticated, match="not valid"):
+            await forged.list_models()
+    async with RegistryClient(stack.registry_url, token=stack.reader_token) as reader:
+        assert "fraud" in [m.name for m in await reader.list_models()]
+        with pytest.raises(PermissionDenied, match="admin token"):
+            await reader.set_alias("fraud", "canary", "1")
