@@ -1,0 +1,427 @@
+"""The Router object on a real nats-server: split accuracy, stickiness across
+instances and restarts, shadow copies, health-scaled weights, route revisions.
+
+No workers: the tests watch (and, for shadow, answer) the subjects the router
+publishes to, ``ib.infer.<model>.*``, as batchers and workers would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Callable
+
+import nats
+import numpy as np
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from prometheus_client import REGISTRY
+
+from inferbus_common import headers as h
+from inferbus_common.audit import encode_record
+from inferbus_common.catalog import Catalog, Route, ensure_kv
+from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.subjects import Subjects, subject_token
+from inferbus_common.wire import decode_tensors, encode_tensors
+from inferbus_router.health import HealthPolicy, HealthWeights
+from inferbus_router.router import Router
+from inferbus_router.shadow import ShadowComparer
+
+SUBJECTS = Subjects()
+
+
+async def put_route(js, route: Route) -> None:
+    """Write a routing table straight into the routes KV bucket."""
+    kv = await ensure_kv(js, SUBJECTS.routes_bucket)
+    await kv.put(Subjects.model_key(route.model), route.model_dump_json().encode())
+
+
+@contextlib.asynccontextmanager
+async def running_router(
+    url: str,
+    instance: str,
+    *,
+    health: HealthWeights | None = None,
+    shadow_timeout_s: float = 5.0,
+) -> AsyncIterator[tuple[Router, Catalog, ShadowComparer]]:
+    """A Router with its own connection and catalog, as `python -m inferbus_router` builds it."""
+    nc = await nats.connect(url, name=instance)
+    try:
+        async with Catalog(nc.jetstream(), SUBJECTS) as catalog:
+            await catalog.wait_loaded()
+            comparer = ShadowComparer(nc, SUBJECTS, instance, timeout_s=shadow_timeout_s)
+            router = Router(
+                nc,
+                catalog,
+                SUBJECTS,
+                "router",
+                health=health,
+                shadow=comparer,
+                health_interval_s=0.05,
+            )
+            await router.start()
+            try:
+                yield router, catalog, comparer
+            finally:
+                await router.drain()
+    finally:
+        await nc.close()
+
+
+async def wait_route(catalog: Catalog, route: Route) -> None:
+    assert await catalog.wait_for(lambda: catalog.routes.get(route.model) == route, 10)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+class Forwarded:
+    """Collects what the router forwarded for one model (a batcher's view)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.by_request: dict[str, Msg] = {}
+        self.probes = 0
+
+    async def subscribe(self, nc: Client) -> None:
+        await nc.subscribe(f"{SUBJECTS.prefix}.infer.{subject_token(self.model)}.*", cb=self._on)
+        await nc.flush()
+
+    async def _on(self, msg: Msg) -> None:
+        rid = msg.headers[h.REQUEST_ID]
+        if rid.startswith("probe-"):
+            self.probes += 1
+        else:
+            self.by_request[rid] = msg
+
+    async def probe(self, nc: Client) -> None:
+        """Send pinned probes until one comes through (a fresh SUB can miss the first)."""
+        k = 0
+        deadline = time.monotonic() + 10
+        while self.probes == 0:
+            assert time.monotonic() < deadline, "router forwards nothing"
+            await nc.publish(
+                SUBJECTS.route(self.model),
+                b"",
+                headers={h.MODEL: self.model, h.REQUEST_ID: f"probe-{k}", h.VERSION: "stable"},
+            )
+            k += 1
+            await asyncio.sleep(0.02)
+
+
+def version_of(msg: Msg) -> str:
+    return msg.headers[h.VERSION]
+
+
+async def test_canary_share_over_10000_requests(nats_server, nats_client) -> None:
+    route = Route(model="split", stable="1", versions=["1", "2"], canary="2", canary_weight=10.0)
+    await put_route(nats_client.jetstream(), route)
+    async with running_router(nats_server.url, "r-split") as (_, catalog, _):
+        await wait_route(catalog, route)
+        seen = Forwarded("split")
+        await seen.subscribe(nats_client)
+        await seen.probe(nats_client)
+        n = 10_000
+        for i in range(n):
+            await nats_client.publish(
+                SUBJECTS.route("split"),
+                b"x",
+                headers={h.MODEL: "split", h.REQUEST_ID: f"r{i}", h.REPLY: "test.reply"},
+            )
+            if i % 1000 == 999:
+                await nats_client.flush()
+        await wait_until(lambda: len(seen.by_request) == n)
+    versions = Counter(version_of(m) for m in seen.by_request.values())
+    share = versions["2"] / n
+    print(f"canary share over {n} requests at weight 10%: {share:.4f} ({dict(versions)})")
+    assert set(versions) == {"1", "2"}
+    assert abs(share - 0.10) <= 0.015
+    # Forwarded unchanged apart from the decision.
+    msg = seen.by_request["r0"]
+    assert msg.data == b"x" and msg.headers[h.REPLY] == "test.reply"
+    assert msg.subject == SUBJECTS.infer("split", version_of(msg))
+
+
+async def test_sticky_keys_agree_across_instances_and_a_restart(nats_server, nats_client) -> None:
+    route = Route(
+        model="sticky",
+        stable="1",
+        versions=["1", "2"],
+        canary="2",
+        canary_weight=30.0,
+        sticky="tenant",
+    )
+    await put_route(nats_client.jetstream(), route)
+    keys = [f"tenant-{i}" for i in range(300)]
+    seen = Forwarded("sticky")
+    await seen.subscribe(nats_client)
+
+    async def send(tag: str, rounds: int) -> None:
+        for r in range(rounds):
+            for k in keys:
+                await nats_client.publish(
+                    SUBJECTS.route("sticky"),
+                    b"",
+                    headers={h.MODEL: "sticky", h.TENANT: k, h.REQUEST_ID: f"{tag}-{r}-{k}"},
+                )
+        await nats_client.flush()
+
+    def mapping(tag: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = defaultdict(set)
+        for rid, msg in seen.by_request.items():
+            if rid.startswith(f"{tag}-"):
+                out[msg.headers[h.TENANT]].add(version_of(msg))
+        return out
+
+    async with running_router(nats_server.url, "r-a") as (router_a, cat_a, _):
+        async with running_router(nats_server.url, "r-b") as (router_b, cat_b, _):
+            await wait_route(cat_a, route)
+            await wait_route(cat_b, route)
+            await seen.probe(nats_client)
+            await send("before", 4)
+            await wait_until(lambda: len(seen.by_request) == 4 * len(keys))
+            # Both instances of the queue group took part.
+            assert router_a._sub is not None and router_b._sub is not None
+            assert router_a._sub.delivered > 0 and router_b._sub.delivered > 0
+        # Instance B is gone; a new one (fresh process state) joins the group.
+        async with running_router(nats_server.url, "r-b2") as (_, cat_b2, _):
+            await wait_route(cat_b2, route)
+            await send("after", 2)
+            await wait_until(lambda: len(seen.by_request) == 6 * len(keys))
+    before, after = mapping("before"), mapping("after")
+    assert all(len(v) == 1 for v in before.values()), before
+    assert all(len(v) == 1 for v in after.values()), after
+    assert before == after
+    on_canary = sum(v == {"2"} for v in before.values()) / len(keys)
+    assert 0.2 < on_canary < 0.4
+
+
+def _probabilities(msg: Msg) -> np.ndarray:
+    x = decode_tensors(msg.data)[0].as_numpy()
+    return np.stack([x[:, 0], 1 - x[:, 0]], axis=1).astype(np.float32)
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_shadow_copies_are_compared_and_never_reach_the_client(
+    nats_server, nats_client
+) -> None:
+    model = "shadowed"
+    route = Route(model=model, stable="1", versions=["1", "2"], shadow="2", shadow_rate=0.5)
+    await put_route(nats_client.jetstream(), route)
+    labels = {"model": model, "primary": "1", "shadow": "2"}
+    shadow_mode = {"answer": "flip-every-4th"}
+
+    async def worker(msg: Msg) -> None:
+        """Plays batcher+worker: answers each copy, mirrors like the real worker."""
+        hdrs = msg.headers
+        rid = hdrs[h.REQUEST_ID]
+        version = version_of(msg)
+        if rid.startswith("probe-"):
+            return
+        probs = _probabilities(msg)
+        out = {h.REQUEST_ID: rid, h.VERSION: version}
+        if version == "2":
+            if shadow_mode["answer"] == "silent":
+                return
+            if shadow_mode["answer"] == "error":
+                await nats_client.publish(hdrs[h.REPLY], b"", headers={**out, h.STATUS: "INTERNAL"})
+                return
+            if int(rid[1:]) % 4 == 0:
+                probs = probs[:, ::-1].copy()
+        body = encode_tensors([tensor_from_numpy("probabilities", probs)])
+        await nats_client.publish(hdrs[h.REPLY], body, headers=out)
+        if h.MIRROR in hdrs:
+            await nats_client.publish(hdrs[h.MIRROR], body, headers=out)
+
+    client_replies: list[Msg] = []
+
+    async def on_client_reply(msg: Msg) -> None:
+        client_replies.append(msg)
+
+    seen = Forwarded(model)
+    await seen.subscribe(nats_client)
+    await nats_client.subscribe(f"{SUBJECTS.prefix}.infer.{subject_token(model)}.*", cb=worker)
+    await nats_client.subscribe("client.reply.>", cb=on_client_reply)
+    await nats_client.flush()
+
+    async def send(start: int, n: int) -> None:
+        for i in range(start, start + n):
+            body = encode_tensors(
+                [tensor_from_numpy("input", np.array([[0.9 if i % 2 else 0.1]], np.float32))]
+            )
+            await nats_client.publish(
+                SUBJECTS.route(model),
+                body,
+                headers={h.MODEL: model, h.REQUEST_ID: f"r{i}", h.REPLY: f"client.reply.{i}"},
+            )
+        await nats_client.flush()
+
+    async with running_router(nats_server.url, "r-shadow", shadow_timeout_s=1.0) as (
+        _,
+        catalog,
+        comparer,
+    ):
+        await wait_route(catalog, route)
+        await seen.probe(nats_client)
+        n = 800
+        await send(0, n)
+        await wait_until(lambda: len(client_replies) == n)
+        await wait_until(lambda: comparer.pending == 0)
+        compared = _sample("inferbus_shadow_requests_total", **labels, outcome="compared")
+        shadow_copies = sum(1 for m in seen.by_request.values() if version_of(m) == "2")
+        assert compared == shadow_copies
+        assert 0.4 * n < compared < 0.6 * n
+        agree = _sample("inferbus_shadow_rows_total", **labels, result="agree")
+        disagree = _sample("inferbus_shadow_rows_total", **labels, result="disagree")
+        assert agree + disagree == compared
+        ratio = _sample("inferbus_shadow_agreement_ratio", **labels)
+        sampled = [rid for rid, m in seen.by_request.items() if version_of(m) == "2"]
+        flipped = sum(int(rid[1:]) % 4 == 0 for rid in sampled)
+        print(f"shadow agreement {ratio:.3f} over {compared:.0f} compared (expected ~0.75)")
+        assert (agree, disagree) == (len(sampled) - flipped, flipped)
+        assert ratio == pytest.approx(1 - flipped / len(sampled))
+        # Every client got exactly its primary's answer, never a shadow one.
+        assert all(version_of(m) == "1" for m in client_replies)
+        assert len({m.subject for m in client_replies}) == n
+
+        # A failing shadow (errors, then silence) is counted and never felt.
+        shadow_mode["answer"] = "error"
+        await send(n, 200)
+        await wait_until(lambda: len(client_replies) == n + 200)
+        await wait_until(lambda: comparer.pending == 0)
+        errors = _sample("inferbus_shadow_requests_total", **labels, outcome="shadow_error")
+        assert errors > 50
+        shadow_mode["answer"] = "silent"
+        await send(n + 200, 200)
+        await wait_until(lambda: len(client_replies) == n + 400)
+        await wait_until(lambda: comparer.pending == 0, timeout=10)
+        timeouts = _sample("inferbus_shadow_requests_total", **labels, outcome="shadow_timeout")
+        assert timeouts > 50
+        assert all(m.headers.get(h.STATUS) is None for m in client_replies)
+
+
+async def test_unhealthy_canary_gets_less_traffic(nats_server, nats_client) -> None:
+    model = "healthy"
+    route = Route(model=model, stable="1", versions=["1", "2"], canary="2", canary_weight=50.0)
+    await put_route(nats_client.jetstream(), route)
+    health = HealthWeights(HealthPolicy(window_s=60, min_samples=20, floor=0.1, decrease=0.5))
+    async with running_router(nats_server.url, "r-health", health=health) as (_, catalog, _):
+        await wait_route(catalog, route)
+        for i in range(200):
+            for version, status in (("1", "OK"), ("2", "INTERNAL" if i % 2 else "OK")):
+                await nats_client.publish(
+                    SUBJECTS.audit(model),
+                    encode_record(
+                        request_id=f"a{i}",
+                        ts_unix_ms=0,
+                        gateway="g",
+                        protocol="grpc",
+                        tenant="",
+                        model=model,
+                        version=version,
+                        digest="",
+                        status=status,
+                        reason="",
+                        latency_ms=2.0,
+                        stages_ms={},
+                    ),
+                )
+        await nats_client.flush()
+        await wait_until(lambda: health.factor(model, "2") == 0.1, timeout=20)
+        gauge = REGISTRY.get_sample_value(
+            "inferbus_router_effective_weight", {"model": model, "version": "2"}
+        )
+        assert gauge == 5.0
+        # The route itself is untouched: the router scales, never writes.
+        assert catalog.routes[model].canary_weight == 50.0
+        seen = Forwarded(model)
+        await seen.subscribe(nats_client)
+        await seen.probe(nats_client)
+        n = 2000
+        for i in range(n):
+            await nats_client.publish(
+                SUBJECTS.route(model), b"", headers={h.MODEL: model, h.REQUEST_ID: f"r{i}"}
+            )
+        await nats_client.flush()
+        await wait_until(lambda: len(seen.by_request) == n)
+    share = sum(version_of(m) == "2" for m in seen.by_request.values()) / n
+    print(f"canary share with health factor 0.1 on weight 50: {share:.3f}")
+    assert 0.02 < share < 0.09
+
+
+async def test_route_revisions_are_exported_and_logged_once(
+    nats_server, nats_client, caplog
+) -> None:
+    caplog.set_level(logging.INFO, logger="inferbus_router.router")
+    route = Route(model="revs", stable="1", versions=["1"], revision=1, updated_by="alice")
+    await put_route(nats_client.jetstream(), route)
+    async with running_router(nats_server.url, "r-revs") as (_, catalog, _):
+        await wait_route(catalog, route)
+        newer = route.model_copy(
+            update={"revision": 2, "updated_by": "rollout", "change": "step 25%"}
+        )
+        await put_route(nats_client.jetstream(), newer)
+        await wait_route(catalog, newer)
+
+        def gauge() -> float | None:
+            return REGISTRY.get_sample_value("inferbus_router_route_revision", {"model": "revs"})
+
+        await wait_until(lambda: gauge() == 2.0, timeout=10)
+        # The same revision written again (e.g. by a second registry) is not news.
+        await put_route(nats_client.jetstream(), newer)
+        await asyncio.sleep(0.3)
+    logged = [r for r in caplog.records if r.getMessage().startswith("route revision")]
+    assert [(r.revision, r.updated_by, r.change) for r in logged] == [
+        (1, "alice", ""),
+        (2, "rollout", "step 25%"),
+    ]
+
+
+async def test_generate_requests_go_to_the_gen_subject_by_the_same_rules(
+    nats_server, nats_client
+) -> None:
+    route = Route(
+        model="llm",
+        stable="1",
+        versions=["1", "2"],
+        canary="2",
+        canary_weight=100.0,
+        shadow="1",
+        shadow_rate=1.0,
+    )
+    await put_route(nats_client.jetstream(), route)
+    got: list[Msg] = []
+
+    async def on_gen(msg: Msg) -> None:
+        got.append(msg)
+
+    await nats_client.subscribe(f"{SUBJECTS.prefix}.gen.{subject_token('llm')}.*", cb=on_gen)
+    infer = await nats_client.subscribe(f"{SUBJECTS.prefix}.infer.{subject_token('llm')}.*")
+    await nats_client.flush()
+    async with running_router(nats_server.url, "r-gen") as (_, catalog, comparer):
+        await wait_route(catalog, route)
+        deadline = time.monotonic() + 10
+        while not got:
+            assert time.monotonic() < deadline
+            await nats_client.publish(
+                SUBJECTS.route("llm"),
+                b"{}",
+                headers={h.MODEL: "llm", h.KIND: h.KIND_GENERATE, h.REQUEST_ID: "g"},
+            )
+            await asyncio.sleep(0.05)
+        # Streams are never shadowed.
+        assert comparer.pending == 0
+    assert got[0].subject == SUBJECTS.gen("llm", "2")
+    assert h.MIRROR not in got[0].headers
+    assert infer.pending_msgs == 0
