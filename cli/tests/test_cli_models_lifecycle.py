@@ -1,0 +1,162 @@
+"""`inferbus models` archive/unarchive/delete/download and the progress bars.
+
+The live tests run the real registry in-process (real nats-server, local
+store) and the CLI's blocking gRPC code in a thread, exactly as a user's shell
+would call it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import secrets
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from inferbus_cli.__main__ import main
+from inferbus_cli.commands.models import collect_files, push_messages
+from inferbus_cli.progress import ProgressBar, human_bytes
+from inferbus_registry.app import RegistryApp
+from inferbus_registry.settings import RegistrySettings
+from inferbus_testing.servers import NatsServer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_progress_bar_counts_and_draws() -> None:
+    out = io.StringIO()
+    bar = ProgressBar(3 << 20, "push m 1", stream=out, enabled=True, interval_s=0)
+    for _ in range(3):
+        bar.advance(1 << 20)
+    bar.close()
+    bar.close()  # idempotent
+    text = out.getvalue()
+    assert bar.done == 3 << 20
+    assert text.count("\n") == 1 and text.endswith("\n")
+    assert "100% 3.0 MiB/3.0 MiB" in text.splitlines()[-1].split("\r")[-1]
+    assert human_bytes(1536) == "1.5 KiB" and human_bytes(12) == "12 B"
+
+
+def test_progress_bar_is_silent_when_not_a_terminal() -> None:
+    out = io.StringIO()  # isatty() is False
+    with ProgressBar(10, "x", stream=out) as bar:
+        bar.advance(10)
+    assert out.getvalue() == "" and bar.done == 10
+
+
+def test_push_progress_reports_every_byte(tmp_path: Path) -> None:
+    version = tmp_path / "v"
+    version.mkdir()
+    (version / "config.json").write_text(
+        json.dumps(
+            {
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
+            }
+        )
+    )
+    (version / "model.onnx").write_bytes(secrets.token_bytes((5 << 20) // 2))
+    (version / "labels.txt").write_text("a\nb\n")
+    config, files = collect_files(version, None)
+    out = io.StringIO()
+    bar = ProgressBar(sum(p.stat().st_size for _, p in files), "p", stream=out, enabled=True)
+    messages = list(push_messages("m", "1", config, [], files, bar.advance))
+    bar.close()
+    assert bar.done == bar.total == sum(p.stat().st_size for _, p in files)
+    assert sum(len(m.chunk.data) for m in messages[1:]) == bar.done
+
+
+@pytest.fixture(scope="module")
+def nats_server() -> Iterator[NatsServer]:
+    with NatsServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def registry(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[RegistryApp]:
+    settings = RegistrySettings(
+        nats_url=nats_server.url,
+        subject_prefix="c" + secrets.token_hex(4),
+        grpc_port=0,
+        metrics_port=0,
+        store="local",
+        store_dir=tmp_path / "store",
+        spool_dir=tmp_path,
+        use_uvloop=False,
+        drain_timeout_s=1.0,
+        log_format="text",
+    )
+    async with RegistryApp(settings) as app:
+        yield app
+
+
+def _fraud_model(out: Path) -> Path:
+    import subprocess
+
+    subprocess.run(
+        [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+async def _cli(*argv: str) -> int:
+    return await asyncio.to_thread(main, list(argv))
+
+
+async def test_push_download_archive_delete(
+    registry: RegistryApp, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reg = ["--registry", f"127.0.0.1:{registry.grpc_port}"]
+    model = _fraud_model(tmp_path / "fraud")
+    size = (model / "model.onnx").stat().st_size
+    pushed = sum(p.stat().st_size for _, p in collect_files(model, None)[1])
+
+    assert (
+        await _cli(
+            "models", "push", str(model), "--name", "fraud", "--version", "1", "--progress", *reg
+        )
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert "100%" in err and f"{human_bytes(pushed)}/{human_bytes(pushed)}" in err
+    assert await _cli("models", "push", str(model), "--name", "fraud", "--version", "2", *reg) == 0
+    assert "\r" not in capsys.readouterr().err  # no bar: stderr is not a terminal
+
+    out = tmp_path / "dl"
+    out.mkdir()
+    code = await _cli(
+        "models", "download", "fraud", "--version", "2", "-o", str(out), "--progress", *reg
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    got = out / "model.onnx"
+    assert got.read_bytes() == (model / "model.onnx").read_bytes()
+    assert f"({size} bytes, SHA-256 checked)" in captured.out
+    assert f"{human_bytes(size)}/{human_bytes(size)}" in captured.err
+    assert hashlib.sha256(got.read_bytes()).hexdigest()
+
+    # Archive and delete are refused while an alias holds the version, with the alias named.
+    assert await _cli("models", "archive", "fraud", "1", *reg) == 1
+    assert "alias 'stable'" in capsys.readouterr().err
+    assert await _cli("models", "archive", "fraud", "2", "--json", *reg) == 0
+    assert json.loads(capsys.readouterr().out)["archived"] == ["2"]
+    assert await _cli("models", "alias", "fraud", "canary", "2", *reg) == 1
+    assert "FAILED_PRECONDITION" in capsys.readouterr().err
+    assert await _cli("models", "list", *reg) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[0].split() == ["MODEL", "VERSIONS", "ALIASES", "ARCHIVED", "SERVING"]
+    assert listing[-1].split()[3:] == ["2", "yes"]
+    assert await _cli("models", "unarchive", "fraud", "2", *reg) == 0
+    assert "archived -" in capsys.readouterr().out
+    assert await _cli("models", "delete", "fraud", "2", *reg) == 1  # no --yes, no terminal
+    assert "--yes" in capsys.readouterr().err
+    assert await _cli("models", "delete", "fraud", "2", "--yes", *reg) == 0
+    assert "versions 1;" in capsys.readouterr().out
+    assert await registry.store.list("models/fraud/2/") == []
