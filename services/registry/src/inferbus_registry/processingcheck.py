@@ -1,0 +1,94 @@
+"""Checking a version's pre/post-processing against the files it was pushed with.
+
+The config schema already checks that the steps are known and fit the
+model's tensors (`inferbus_common.modelconfig`); what it cannot see are the
+files the steps read. A version whose tokenizer or labels file is missing or
+unreadable would load on no worker, so the registry refuses it at upload with
+a message that names the file and what is wrong.
+
+The registry does not depend on `tokenizers`: a tokenizer file is checked to
+be a `tokenizers` JSON document (an object with a ``model``), the worker loads
+it for real.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+from inferbus_common.errors import InvalidArgument
+from inferbus_common.modelconfig import ModelConfig, SoftmaxStep, TokenizeStep, TopKStep
+
+
+def _count_labels(path: Path, model: str, rel: str) -> int:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument(f"{model}: labels file {rel!r} is not UTF-8 text: {exc}") from exc
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if not lines:
+        raise InvalidArgument(f"{model}: labels file {rel!r} is empty; write one label per line")
+    return len(lines)
+
+
+def _check_tokenizer(path: Path, model: str, rel: str) -> None:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"{model}: tokenizer file {rel!r} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
+        raise InvalidArgument(
+            f"{model}: tokenizer file {rel!r} is not a `tokenizers` tokenizer.json "
+            "(a JSON object with a 'model'); save it with Tokenizer.save()"
+        )
+
+
+def check_processing(
+    config: ModelConfig, files: Collection[str], path_of: Callable[[str], Path]
+) -> None:
+    """Check the files the processing steps of `config` read.
+
+    Args:
+        config: the version's parsed config.
+        files: paths of the pushed files, relative to the version directory.
+        path_of: where a pushed file lies on disk.
+
+    Raises:
+        InvalidArgument: a referenced file is missing or unreadable, a labels
+            file does not name every class of the engine output it labels, or
+            top-k asks for more classes than there are.
+    """
+    proc = config.processing
+    if proc is None:
+        return
+    model = config.name or "model"
+    for rel in proc.files():
+        if rel not in files:
+            raise InvalidArgument(
+                f"{model}: processing reads {rel!r} but the push did not send it "
+                f"(sent: {sorted(files)}); put it in the version directory"
+            )
+    for step in proc.pre:
+        if isinstance(step, TokenizeStep):
+            _check_tokenizer(path_of(step.tokenizer), model, step.tokenizer)
+    # Classes per tensor, following softmax steps back to the engine output.
+    classes = {s.name: s.shape[-1] for s in config.engine_outputs() if s.shape and s.shape[-1] > 0}
+    for post in proc.post:
+        if isinstance(post, SoftmaxStep) and post.input in classes:
+            classes[post.output or post.input] = classes[post.input]
+        if not isinstance(post, TopKStep):
+            continue
+        n = classes.get(post.input)
+        if n is not None and post.k > n:
+            raise InvalidArgument(
+                f"{model}: top-k step asks for k={post.k} but '{post.input}' has {n} classes"
+            )
+        if post.labels:
+            count = _count_labels(path_of(post.labels), model, post.labels)
+            if n is not None and count != n:
+                raise InvalidArgument(
+                    f"{model}: labels file {post.labels!r} has {count} labels but "
+                    f"'{post.input}' has {n} classes; write one label per class, in order"
+                )
