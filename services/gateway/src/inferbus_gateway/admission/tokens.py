@@ -1,0 +1,185 @@
+"""Tokens-per-minute limits per tenant for generative requests, kept in Redis.
+
+A generative request costs what it reads and writes, not one unit: a tenant's
+limit is in tokens per minute (TPM). Each tenant has one token bucket in Redis
+(``{<prefix>:tpm}:<tenant>``) refilled at ``tpm / 60`` per second up to
+``burst`` (default: one minute's worth), updated by one Lua script that reads
+the clock with Redis ``TIME``, so every gateway shares it.
+
+**Estimate, then settle.** The gateway cannot count tokens before the worker
+has applied the model's tokenizer, so admission charges an *estimate* up front
+(`estimate_prompt_tokens`: about 4 characters per token) and refuses the request
+(429, reason ``tenant-tpm``, with ``Retry-After``) when the bucket does not
+hold it. When the request ends, the real ``prompt_tokens + completion_tokens``
+from the worker's final chunk are *settled*: the difference is charged (or
+refunded) without a check, so the bucket may go into debt, and the tenant's
+next requests wait until it is paid back. A request cancelled mid-stream is
+settled with the tokens it had streamed. Long completions thus count in full,
+but never stop a stream that was admitted.
+
+Limits live in the hash ``<prefix>:tpm``: field = tenant (or ``*`` for every
+tenant without its own), value = JSON ``{"tpm": 10000, "burst": 20000}``
+(``burst`` optional) or a bare number. No field: no TPM limit.
+
+Redis down: fail-open (the request is admitted; one warning per outage),
+because the request-rate limiter (`ratelimit`) already applies its own failure
+mode to the same request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+
+import redis.asyncio as aioredis
+from prometheus_client import Counter
+
+from inferbus_common.errors import ResourceExhausted
+from inferbus_gateway.admission._redis import REDIS_DOWN_ERRORS, reraise_if_cancelling
+
+log = logging.getLogger(__name__)
+
+REASON = "tenant-tpm"
+CHARS_PER_TOKEN = 4
+
+TPM_REJECTED = Counter(
+    "inferbus_gateway_tpm_rejected_total",
+    "Generative requests refused by a tenant's tokens-per-minute limit.",
+)
+TPM_TOKENS = Counter(
+    "inferbus_gateway_tpm_tokens_total",
+    "Tokens charged to tenants' TPM buckets, by phase (estimate, settle).",
+    ["phase"],
+)
+
+# KEYS[1] bucket, KEYS[2] limits hash. ARGV: tenant, cost, require (1/0).
+# Returns {allowed 0/1, limit tpm (-1: none), µs until `cost` is available}.
+_CHARGE_SCRIPT = """
+local raw = redis.call('HGET', KEYS[2], ARGV[1])
+if not raw then raw = redis.call('HGET', KEYS[2], '*') end
+if not raw then return {1, -1, 0} end
+local tpm, burst
+local ok, doc = pcall(cjson.decode, raw)
+if ok and type(doc) == 'table' then
+  tpm = tonumber(doc['tpm'])
+  burst = tonumber(doc['burst'])
+else
+  tpm = tonumber(raw)
+end
+if not tpm or tpm <= 0 then return {1, -1, 0} end
+if not burst or burst <= 0 then burst = tpm end
+local rate = tpm / 60000000
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local st = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(st[1])
+local ts = tonumber(st[2])
+if tokens == nil or ts == nil then tokens = burst; ts = now end
+if now > ts then
+  tokens = math.min(burst, tokens + (now - ts) * rate)
+  ts = now
+end
+local cost = tonumber(ARGV[2])
+if ARGV[3] == '1' and tokens < cost then
+  local wait = math.ceil((math.min(cost, burst) - tokens) / rate)
+  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(ts))
+  return {0, tpm, wait}
+end
+tokens = math.min(burst, tokens - cost)
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(ts))
+redis.call('PEXPIRE', KEYS[1], 120000 + math.ceil(math.max(0, -tokens) / rate / 1000))
+return {1, tpm, 0}
+"""
+
+
+def estimate_prompt_tokens(texts: list[str]) -> int:
+    """Up-front estimate of a prompt's tokens: ~4 characters per token, at least 1."""
+    chars = sum(len(t) for t in texts)
+    return max(1, math.ceil(chars / CHARS_PER_TOKEN))
+
+
+def parse_tpm(value: str | bytes) -> tuple[int, int]:
+    """(tpm, burst) from a limits-hash value (JSON object or a bare number).
+
+    Raises:
+        ValueError: not a positive limit.
+    """
+    doc = json.loads(value)
+    if isinstance(doc, Mapping):
+        tpm, burst = int(doc["tpm"]), int(doc.get("burst") or doc["tpm"])
+    else:
+        tpm = burst = int(doc)
+    if tpm <= 0 or burst <= 0:
+        raise ValueError("tpm and burst must be positive")
+    return tpm, burst
+
+
+async def set_tpm_limit(
+    redis: aioredis.Redis, prefix: str, tenant: str, tpm: int, burst: int | None = None
+) -> None:
+    """Set (or replace) a tenant's TPM limit (``*``: every tenant without its own)."""
+    value = {"tpm": tpm} if burst is None else {"tpm": tpm, "burst": burst}
+    await redis.hset(f"{prefix}:tpm", tenant, json.dumps(value))
+
+
+class TokenLimiter:
+    """Charges generative requests' tokens to their tenant's TPM bucket.
+
+    Args:
+        redis: the admission Redis client.
+        prefix: key prefix (``AdmissionKeys.prefix``).
+    """
+
+    def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
+        self._redis = redis
+        self.limits_key = f"{prefix}:tpm"
+        self._prefix = prefix
+        self._script = redis.register_script(_CHARGE_SCRIPT)
+        self._down = False
+
+    def bucket_key(self, tenant: str) -> str:
+        """Redis key of a tenant's bucket (one hash tag, so Cluster keeps them together)."""
+        return f"{{{self._prefix}:tpm}}:{tenant}"
+
+    async def _charge(self, tenant: str, cost: int, require: bool) -> tuple[bool, float]:
+        try:
+            allowed, _limit, wait_us = await self._script(
+                keys=[self.bucket_key(tenant), self.limits_key],
+                args=[tenant, cost, "1" if require else "0"],
+            )
+        except REDIS_DOWN_ERRORS as exc:
+            reraise_if_cancelling()
+            if not self._down:
+                self._down = True
+                log.warning("TPM limits not enforced: Redis unreachable (%s)", exc)
+            return True, 0.0
+        if self._down:
+            self._down = False
+            log.info("TPM limits enforced again: Redis answers")
+        return bool(allowed), int(wait_us) / 1e6
+
+    async def reserve(self, tenant: str, estimate: int) -> None:
+        """Charge the up-front estimate; refuse when the tenant's bucket cannot pay it.
+
+        Raises:
+            ResourceExhausted: reason ``tenant-tpm``, with the wait until it can.
+        """
+        allowed, wait_s = await self._charge(tenant, estimate, True)
+        if not allowed:
+            TPM_REJECTED.inc()
+            raise ResourceExhausted(
+                f"tenant '{tenant}' is over its tokens-per-minute limit; retry in "
+                f"{max(wait_s, 0.001):.1f}s or ask for a higher limit",
+                reason=REASON,
+                retry_after_s=max(wait_s, 0.001),
+            )
+        TPM_TOKENS.labels("estimate").inc(estimate)
+
+    async def settle(self, tenant: str, estimate: int, actual: int) -> None:
+        """Charge ``actual - estimate`` (a refund when negative); never refuses."""
+        delta = actual - estimate
+        if delta:
+            await self._charge(tenant, delta, False)
+        TPM_TOKENS.labels("settle").inc(max(0, delta))

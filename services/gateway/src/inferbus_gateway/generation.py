@@ -1,0 +1,488 @@
+"""The gateway's generative path: admit, publish, receive an ordered chunk stream, cancel.
+
+`GenerationDispatcher` owns one inbox subscription per gateway
+(``ib.reply.<instance>.gen.*``; the tensor `Dispatcher` only sees
+``ib.reply.<instance>.*``, one token deep). Each request gets a `ChunkStream`
+that puts the worker's chunks back in ``Ib-Seq`` order within a small window
+and fails cleanly (UNAVAILABLE, "stream lost chunk N") on a gap that the window
+cannot close or that is not closed within ``gap_timeout_s``.
+
+`GenerationService` is what the OpenAI endpoints call: `GenerationService.open`
+runs admission (the same `Admission` as V2: auth, access, breaker, QPS limits,
+quotas) plus the tenant's tokens-per-minute bucket, resolves the model (it must
+be generative and ready), and publishes the request to ``ib.route.<model>`` with
+``Ib-Kind: generate``; the router sends it on to ``ib.gen.<model>.<version>``.
+`GenerationCall.chunks` yields the chunks; leaving it early (client gone) or
+hitting the deadline publishes ``ib.gencancel.<request id>`` so the worker aborts
+the request in vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from prometheus_client import Counter, Histogram
+
+from inferbus_common import headers as h
+from inferbus_common.catalog import Catalog, DeployedVersion
+from inferbus_common.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InferbusError,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
+from inferbus_common.generation import GenerationChunk, GenerationRequest
+from inferbus_common.modelconfig import GenerationConfig
+from inferbus_common.replies import error_from_reply
+from inferbus_common.subjects import Subjects
+from inferbus_gateway.admission import Admission
+from inferbus_gateway.admission.tokens import estimate_prompt_tokens
+
+log = logging.getLogger(__name__)
+
+GEN_REQUESTS = Counter(
+    "inferbus_gateway_gen_requests_total",
+    "Generative requests answered, by status (OK, CANCELLED or a StatusCode name).",
+    ["model", "status"],
+)
+GEN_TTFT = Histogram(
+    "inferbus_gateway_gen_time_to_first_token_seconds",
+    "From the gateway receiving a generative request to its first token.",
+    ["model"],
+    buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
+)
+GEN_INTER_TOKEN = Histogram(
+    "inferbus_gateway_gen_inter_token_seconds",
+    "Time between chunks seen by the gateway, divided by the tokens they carry.",
+    ["model"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+)
+GEN_TOKENS = Counter(
+    "inferbus_gateway_gen_tokens_total",
+    "Tokens of answered generative requests, by kind (prompt, completion).",
+    ["model", "kind"],
+)
+GEN_TOKENS_PER_SECOND = Histogram(
+    "inferbus_gateway_gen_tokens_per_second",
+    "Completion tokens per second of each finished stream (after its first token).",
+    ["model"],
+    buckets=(1, 5, 10, 25, 50, 100, 200, 400, 800, 1600, 3200),
+)
+GEN_CANCELS = Counter(
+    "inferbus_gateway_gen_cancels_total",
+    "Cancels published to workers, by why (client-gone, deadline, gap).",
+    ["why"],
+)
+GEN_GAPS = Counter(
+    "inferbus_gateway_gen_stream_gaps_total",
+    "Streams failed because a chunk never arrived (sequence gap).",
+)
+
+
+class ChunkStream:
+    """One request's chunks, reordered by ``Ib-Seq``.
+
+    Args:
+        window: out-of-order chunks held while waiting for a missing one.
+        gap_timeout_s: how long a missing chunk may be waited for once later ones came.
+    """
+
+    def __init__(self, window: int = 32, gap_timeout_s: float = 2.0) -> None:
+        self._queue: asyncio.Queue[Msg] = asyncio.Queue()
+        self._window = window
+        self._gap_timeout_s = gap_timeout_s
+
+    def feed(self, msg: Msg) -> None:
+        """Called by the dispatcher for every message on this request's inbox."""
+        self._queue.put_nowait(msg)
+
+    async def _next_message(self, timeout_s: float) -> Msg | None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                return await self._queue.get()
+        return None
+
+    async def chunks(self, deadline_ns: int) -> AsyncIterator[GenerationChunk]:
+        """Yield chunks in order until the final one.
+
+        Raises:
+            InferbusError: the error a chunk (or the router) carried.
+            DeadlineExceeded: the deadline passed first.
+            Unavailable: a gap in the sequence, or a malformed chunk.
+        """
+        expected = 0
+        held: dict[int, Msg] = {}
+        while True:
+            msg = held.pop(expected, None)
+            if msg is None:
+                remaining = h.remaining_s(deadline_ns)
+                if remaining <= 0:
+                    raise DeadlineExceeded("the generation passed its deadline")
+                wait = min(remaining, self._gap_timeout_s) if held else remaining
+                msg = await self._next_message(wait)
+                if msg is None:
+                    if held:
+                        GEN_GAPS.inc()
+                        raise Unavailable(
+                            f"the stream lost chunk {expected} (later chunks arrived); "
+                            "the answer is incomplete, retry the request"
+                        )
+                    continue  # loop re-checks the deadline
+                headers = msg.headers or {}
+                seq_text = headers.get(h.SEQ)
+                if seq_text is None:
+                    # Not a chunk: an error from the router (no route, not found...).
+                    err = error_from_reply(headers)
+                    raise err or Unavailable("an unexpected message arrived on the stream")
+                seq = int(seq_text)
+                if seq < expected or seq in held:
+                    continue  # a duplicate
+                if seq > expected:
+                    held[seq] = msg
+                    if len(held) > self._window:
+                        GEN_GAPS.inc()
+                        raise Unavailable(
+                            f"the stream lost chunk {expected}; the answer is incomplete, "
+                            "retry the request"
+                        )
+                    continue
+            expected += 1
+            headers = msg.headers or {}
+            err = error_from_reply(headers)
+            if err is not None:
+                raise err
+            try:
+                chunk = GenerationChunk.decode(msg.data)
+            except ValueError:
+                raise Unavailable("a worker sent a malformed chunk; see its logs") from None
+            yield chunk
+            if headers.get(h.FINAL) == "1":
+                return
+            # A full queue answers get() without suspending: let other streams run.
+            await asyncio.sleep(0)
+
+
+class GenerationDispatcher:
+    """Publishes generative requests and routes chunk messages to their streams.
+
+    Args:
+        nc: connected NATS client.
+        subjects: naming scheme.
+        instance: this gateway's id (names its inbox).
+    """
+
+    def __init__(self, nc: Client, subjects: Subjects, instance: str) -> None:
+        self._nc = nc
+        self.subjects = subjects
+        self._inbox = f"{subjects.reply_inbox(instance)}.gen"
+        self._streams: dict[str, ChunkStream] = {}
+        self._tokens = itertools.count(1)
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        """Subscribe to this instance's generation inbox."""
+        self._sub = await self._nc.subscribe(
+            f"{self._inbox}.*",
+            cb=self._on_chunk,
+            pending_msgs_limit=1_000_000,
+            pending_bytes_limit=1 << 30,
+        )
+
+    async def stop(self) -> None:
+        """Unsubscribe; open streams see a gap or their deadline."""
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    @property
+    def open_streams(self) -> int:
+        """Requests whose chunks are awaited."""
+        return len(self._streams)
+
+    async def _on_chunk(self, msg: Msg) -> None:
+        stream = self._streams.get(msg.subject[len(self._inbox) + 1 :])
+        if stream is not None:
+            stream.feed(msg)
+
+    def open(self) -> tuple[str, ChunkStream]:
+        """A fresh reply subject and the stream its chunks go to."""
+        token = str(next(self._tokens))
+        stream = ChunkStream()
+        self._streams[token] = stream
+        return f"{self._inbox}.{token}", stream
+
+    def close(self, reply: str) -> None:
+        """Forget a stream (late chunks are dropped)."""
+        self._streams.pop(reply.rsplit(".", 1)[-1], None)
+
+    async def publish(self, subject: str, body: bytes, headers: dict[str, str]) -> None:
+        """Publish on the bus (the request, or a cancel)."""
+        await self._nc.publish(subject, body, headers=headers)
+
+
+class GenerationCall:
+    """One admitted, published generative request.
+
+    Attributes:
+        request_id: the request id (``Ib-Request-Id``).
+        model: the model name the client used.
+        version: the version that answered (known after the first chunk).
+        prompt_tokens, completion_tokens: counts (final on the last chunk).
+        finish_reason: ``stop``/``length``/``abort`` once finished.
+    """
+
+    def __init__(
+        self,
+        service: GenerationService,
+        *,
+        request_id: str,
+        model: str,
+        tenant: str,
+        reply: str,
+        stream: ChunkStream,
+        deadline_ns: int,
+        estimate: int,
+        t0: float,
+    ) -> None:
+        self._service = service
+        self.request_id = request_id
+        self.model = model
+        self.version = ""
+        self.tenant = tenant
+        self._reply = reply
+        self._stream = stream
+        self._deadline_ns = deadline_ns
+        self.estimate = estimate
+        self._t0 = t0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.created = int(time.time())
+
+    async def chunks(self) -> AsyncIterator[GenerationChunk]:
+        """The chunks, in order; cancels the request in the worker if left early.
+
+        Raises:
+            InferbusError: see `ChunkStream.chunks`.
+        """
+        svc = self._service
+        status = "CANCELLED"
+        why = "client-gone"
+        error: InferbusError | None = None
+        first_at = last_at = 0.0
+        try:
+            async for chunk in self._stream.chunks(self._deadline_ns):
+                now = time.monotonic()
+                if chunk.tokens:
+                    if not first_at:
+                        first_at = now
+                        GEN_TTFT.labels(self.model).observe(now - self._t0)
+                    elif last_at:
+                        GEN_INTER_TOKEN.labels(self.model).observe((now - last_at) / chunk.tokens)
+                    last_at = now
+                    self.completion_tokens += chunk.tokens
+                if chunk.finish_reason is not None:
+                    self.finish_reason = chunk.finish_reason
+                    self.prompt_tokens = chunk.prompt_tokens
+                    self.completion_tokens = chunk.completion_tokens or self.completion_tokens
+                yield chunk
+            status = "OK"
+            if first_at and last_at > first_at and self.completion_tokens > 1:
+                GEN_TOKENS_PER_SECOND.labels(self.model).observe(
+                    (self.completion_tokens - 1) / (last_at - first_at)
+                )
+        except InferbusError as exc:
+            status = exc.code.name
+            error = exc
+            why = {"DEADLINE_EXCEEDED": "deadline", "UNAVAILABLE": "gap"}.get(status, "")
+            raise
+        finally:
+            svc.dispatcher.close(self._reply)
+            if status != "OK" and why:
+                GEN_CANCELS.labels(why).inc()
+                with contextlib.suppress(Exception):
+                    await svc.dispatcher.publish(
+                        svc.dispatcher.subjects.gen_cancel(self.request_id), b"", {}
+                    )
+            GEN_REQUESTS.labels(self.model, status).inc()
+            GEN_TOKENS.labels(self.model, "prompt").inc(self.prompt_tokens)
+            GEN_TOKENS.labels(self.model, "completion").inc(self.completion_tokens)
+            await svc.finish(self, status, error)
+
+
+class GenerationService:
+    """The generative side of the gateway (see module docstring).
+
+    Args:
+        catalog: live catalog.
+        dispatcher: publishes and collects chunks.
+        admission: the gateway's admission (None: admit all).
+        default_timeout_s: upper bound of a request's deadline when it brings none.
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        dispatcher: GenerationDispatcher,
+        *,
+        admission: Admission | None = None,
+        default_timeout_s: float = 120.0,
+    ) -> None:
+        self.catalog = catalog
+        self.dispatcher = dispatcher
+        self.admission = admission
+        self.default_timeout_s = default_timeout_s
+
+    def generative_models(self) -> list[DeployedVersion]:
+        """Stable versions of routed models whose engine is generative, by name."""
+        out = []
+        for name in sorted(self.catalog.routes):
+            dv = self.catalog.resolve(name, "")
+            if dv is not None and dv.config.generative:
+                out.append(dv)
+        return out
+
+    def resolve(self, model: str, version: str = "") -> DeployedVersion:
+        """The generative version a request names.
+
+        Raises:
+            NotFound: unknown model or version.
+            FailedPrecondition: the model is not generative (use the V2 API).
+        """
+        if not model:
+            raise InvalidArgument("'model' is required")
+        dv = self.catalog.resolve(model, version)
+        if dv is None:
+            what = f"model '{model}'" + (f" version '{version}'" if version else "")
+            raise NotFound(f"{what} is not served here; GET /v1/models lists the models")
+        if not dv.config.generative:
+            raise FailedPrecondition(
+                f"model '{model}' is not generative; call it with the KServe V2 API "
+                f"(/v2/models/{model}/infer)"
+            )
+        return dv
+
+    async def authorize(self, headers: Mapping[str, str], model: str = "") -> str:
+        """Authenticate (and, with a model, authorize) a metadata call; returns the tenant."""
+        if self.admission is None:
+            return ""
+        principal = await self.admission.authenticator.authenticate(headers)
+        if model:
+            await self.admission.authenticator.authorize(principal, model)
+        return principal.tenant
+
+    async def open(
+        self,
+        model: str,
+        request: GenerationRequest,
+        headers: Mapping[str, str],
+        *,
+        version: str = "",
+        timeout_s: float | None = None,
+        request_id: str = "",
+        traceparent: str = "",
+    ) -> GenerationCall:
+        """Admit and publish a request; returns the call whose chunks to read.
+
+        Raises:
+            InferbusError: admission refused (401/403/429/503), unknown or
+                non-generative model (404/400), model not ready (503).
+        """
+        t0 = time.monotonic()
+        tenant = ""
+        admission = self.admission
+        if admission is not None:
+            principal = await admission.admit(headers, model=model, interface="Generate")
+            tenant = principal.tenant
+        estimate = 0
+        admitted = False
+        try:
+            dv = self.resolve(model, version)
+            state = self.catalog.version_state(dv.model, dv.version)
+            if state != "ready":
+                raise Unavailable(
+                    f"model '{dv.model}' version '{dv.version}' is not ready ({state}); "
+                    "check `inferbus status` and the LLM worker's log"
+                )
+            gen = dv.config.generation or GenerationConfig()
+            if timeout_s is None:
+                timeout_s = min(gen.default_timeout_ms / 1000.0, self.default_timeout_s)
+            if admission is not None and admission.tokens is not None:
+                texts = [m.content for m in request.messages] or [request.prompt]
+                estimate = estimate_prompt_tokens(texts)
+                await admission.tokens.reserve(tenant, estimate)
+            request_id = request_id or uuid.uuid4().hex
+            deadline_ns = h.deadline_from_timeout(timeout_s)
+            reply, stream = self.dispatcher.open()
+            call = GenerationCall(
+                self,
+                request_id=request_id,
+                model=model,
+                tenant=tenant,
+                reply=reply,
+                stream=stream,
+                deadline_ns=deadline_ns,
+                estimate=estimate,
+                t0=t0,
+            )
+            out = {
+                h.REQUEST_ID: request_id,
+                h.DEADLINE: str(deadline_ns),
+                h.MODEL: model,
+                h.REPLY: reply,
+                h.KIND: h.KIND_GENERATE,
+            }
+            if version:
+                out[h.VERSION] = version
+            if tenant:
+                out[h.TENANT] = tenant
+            if traceparent:
+                out[h.TRACEPARENT] = traceparent
+            try:
+                await self.dispatcher.publish(
+                    self.dispatcher.subjects.route(model), request.encode(), out
+                )
+            except BaseException:
+                self.dispatcher.close(reply)
+                raise
+            admitted = True
+            return call
+        except BaseException as exc:
+            if not admitted:
+                if admission is not None:
+                    admission.record(model, exc)
+                if isinstance(exc, InferbusError):
+                    GEN_REQUESTS.labels(model, exc.code.name).inc()
+            raise
+
+    async def finish(self, call: GenerationCall, status: str, error: InferbusError | None) -> None:
+        """Settle the tenant's tokens and feed the breaker once a call is over.
+
+        A client that went away is not the model's failure: it is recorded as a
+        success for the breaker. A call without the worker's final counts (cancelled
+        or failed) is settled with the estimate plus the tokens streamed so far.
+        """
+        admission = self.admission
+        if admission is None:
+            return
+        admission.record(call.model, error)
+        if admission.tokens is not None and call.estimate:
+            actual = call.prompt_tokens + call.completion_tokens
+            if status != "OK" and not call.prompt_tokens:
+                actual = call.estimate + call.completion_tokens
+            try:
+                await admission.tokens.settle(call.tenant, call.estimate, actual)
+            except Exception as exc:  # settling must never fail an answered request
+                log.warning("TPM settle failed: %s", exc)

@@ -1,0 +1,363 @@
+"""OpenAI-compatible endpoints: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
+
+Request and response shapes follow OpenAI's API, so the ``openai`` package and
+tools built on it work unchanged. ``stream: true`` answers with server-sent
+events (``data: {chunk}`` lines, then ``data: [DONE]``); with
+``stream_options: {"include_usage": true}`` a last chunk carries ``usage``, as
+OpenAI does. Non-streamed answers always carry ``usage``.
+
+Errors use OpenAI's error body ``{"error": {"message", "type", "param", "code"}}``
+with the HTTP status of the inferbus error (400, 401, 403, 404, 429 with
+``Retry-After``, 503, 504). An error that happens after a stream started is
+sent as one ``data: {"error": ...}`` event before ``[DONE]``. The first chunk is
+awaited before the response starts, so an overloaded worker's refusal is a real
+429, not an event inside a 200 stream.
+
+Extensions: ``ignore_eos`` (vLLM's), the ``inferbus-timeout-ms`` header (the
+request's deadline, as for V2) and ``x-request-id`` (the request id).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from inferbus_common.errors import (
+    InferbusError,
+    InvalidArgument,
+    ResourceExhausted,
+    StatusCode,
+    Unauthenticated,
+    status_of,
+)
+from inferbus_common.generation import GenerationChunk, GenerationRequest
+from inferbus_gateway.admission import BreakerOpen
+from inferbus_gateway.generation import GenerationCall, GenerationService
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_HEADER = "inferbus-timeout-ms"
+REQUEST_ID_HEADER = "x-request-id"
+MAX_BODY_BYTES = 4 << 20
+
+_ERROR_TYPES = {
+    StatusCode.INVALID_ARGUMENT: "invalid_request_error",
+    StatusCode.FAILED_PRECONDITION: "invalid_request_error",
+    StatusCode.NOT_FOUND: "not_found_error",
+    StatusCode.UNAUTHENTICATED: "authentication_error",
+    StatusCode.PERMISSION_DENIED: "permission_error",
+    StatusCode.RESOURCE_EXHAUSTED: "rate_limit_error",
+    StatusCode.DEADLINE_EXCEEDED: "timeout_error",
+    StatusCode.UNAVAILABLE: "service_unavailable_error",
+}
+
+
+def error_body(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(HTTP status, OpenAI error JSON, headers) for an exception."""
+    code, message = status_of(exc)
+    headers: dict[str, str] = {}
+    err_code: str | None = code.name.lower()
+    if isinstance(exc, ResourceExhausted):
+        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+        if exc.reason:
+            headers["X-Inferbus-Reason"] = exc.reason
+            err_code = exc.reason
+    elif isinstance(exc, BreakerOpen):
+        headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+    elif isinstance(exc, Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
+    body = {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(code, "server_error"),
+            "param": None,
+            "code": err_code,
+        }
+    }
+    return code.http_status, body, headers
+
+
+def _error(exc: BaseException) -> Response:
+    status, body, headers = error_body(exc)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _stop_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise InvalidArgument("'stop' must be a string or a list of strings")
+
+
+def parse_request(body: dict[str, Any], kind: str) -> tuple[str, GenerationRequest, bool, bool]:
+    """(model, request, stream, include_usage) from an OpenAI request body.
+
+    Fields inferbus does not implement (``logprobs``, ``tools`` ...) are
+    ignored; ``n`` must be 1.
+
+    Raises:
+        InvalidArgument: naming the field that is wrong.
+    """
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidArgument("'model' is required (GET /v1/models lists the models)")
+    n = body.get("n", 1)
+    if n not in (1, None):
+        raise InvalidArgument("only n=1 is supported")
+    fields: dict[str, Any] = {"kind": kind, "stop": _stop_list(body.get("stop"))}
+    if kind == "chat":
+        fields["messages"] = body.get("messages")
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise InvalidArgument("'prompt' must be a string (one prompt per request)")
+        fields["prompt"] = prompt
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        fields["max_tokens"] = max_tokens
+    for name in (
+        "temperature",
+        "top_p",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "ignore_eos",
+    ):
+        if body.get(name) is not None:
+            fields[name] = body[name]
+    try:
+        request = GenerationRequest.model_validate(fields)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
+            for err in exc.errors(include_url=False)
+        )
+        raise InvalidArgument(f"invalid request: {problems}") from None
+    stream = bool(body.get("stream", False))
+    options = body.get("stream_options") or {}
+    include_usage = (
+        bool(options.get("include_usage", False)) if isinstance(options, dict) else False
+    )
+    return model, request, stream, include_usage
+
+
+def _usage(call: GenerationCall) -> dict[str, int]:
+    return {
+        "prompt_tokens": call.prompt_tokens,
+        "completion_tokens": call.completion_tokens,
+        "total_tokens": call.prompt_tokens + call.completion_tokens,
+    }
+
+
+def _finish(reason: str | None) -> str | None:
+    # OpenAI has no "abort"; a stream stopped by the platform reads as "length"-less stop.
+    return None if reason is None else ("stop" if reason == "abort" else reason)
+
+
+def _chunk_json(call: GenerationCall, kind: str, chunk: GenerationChunk, first: bool) -> bytes:
+    if kind == "chat":
+        delta: dict[str, Any] = {"content": chunk.text}
+        if first:
+            delta["role"] = "assistant"
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": _finish(chunk.finish_reason),
+        }
+        obj, prefix = "chat.completion.chunk", "chatcmpl-"
+    else:
+        choice = {
+            "index": 0,
+            "text": chunk.text,
+            "logprobs": None,
+            "finish_reason": _finish(chunk.finish_reason),
+        }
+        obj, prefix = "text_completion", "cmpl-"
+    return orjson.dumps(
+        {
+            "id": prefix + call.request_id,
+            "object": obj,
+            "created": call.created,
+            "model": call.model,
+            "choices": [choice],
+        }
+    )
+
+
+class _EventStream(StreamingResponse):
+    """A streaming response that always closes its event generator.
+
+    Starlette stops iterating when the client is gone (a failed send) without
+    closing the iterator; closing it here runs `GenerationCall.chunks`' cleanup
+    at once, which publishes the cancel that aborts the request in vLLM.
+    """
+
+    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self._events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._events.aclose()  # type: ignore[attr-defined]
+
+
+async def _events(
+    call: GenerationCall,
+    kind: str,
+    first: GenerationChunk | None,
+    rest: AsyncIterator[GenerationChunk],
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    """SSE lines: the first chunk (already received), the rest, usage, [DONE]."""
+    try:
+        if first is not None:
+            yield b"data: " + _chunk_json(call, kind, first, True) + b"\n\n"
+            async for chunk in rest:
+                yield b"data: " + _chunk_json(call, kind, chunk, False) + b"\n\n"
+        if include_usage:
+            usage = {
+                "id": ("chatcmpl-" if kind == "chat" else "cmpl-") + call.request_id,
+                "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+                "created": call.created,
+                "model": call.model,
+                "choices": [],
+                "usage": _usage(call),
+            }
+            yield b"data: " + orjson.dumps(usage) + b"\n\n"
+    except InferbusError as exc:
+        _, body, _ = error_body(exc)
+        yield b"data: " + orjson.dumps(body) + b"\n\n"
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
+    yield b"data: [DONE]\n\n"
+
+
+def openai_routes(service: GenerationService) -> list[Route]:
+    """The OpenAI-compatible routes around a `GenerationService`."""
+
+    async def list_models(request: Request) -> Response:
+        try:
+            await service.authorize(request.headers)
+        except InferbusError as exc:
+            return _error(exc)
+        data = [
+            {
+                "id": dv.model,
+                "object": "model",
+                "created": dv.created_unix_ms // 1000,
+                "owned_by": "inferbus",
+                "root": dv.model,
+                "parent": None,
+                "version": dv.version,
+            }
+            for dv in service.generative_models()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def generate(request: Request, kind: str) -> Response:
+        t0 = time.monotonic()
+        try:
+            raw = await request.body()
+            if len(raw) > MAX_BODY_BYTES:
+                raise InvalidArgument(f"request body exceeds {MAX_BODY_BYTES} bytes")
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise InvalidArgument(f"the body is not valid JSON: {exc}") from None
+            if not isinstance(body, dict):
+                raise InvalidArgument("the body must be a JSON object")
+            model, gen_request, stream, include_usage = parse_request(body, kind)
+            timeout = request.headers.get(TIMEOUT_HEADER)
+            try:
+                timeout_s = float(timeout) / 1000.0 if timeout is not None else None
+            except ValueError:
+                raise InvalidArgument(f"{TIMEOUT_HEADER} must be a number") from None
+            call = await service.open(
+                model,
+                gen_request,
+                request.headers,
+                timeout_s=timeout_s,
+                request_id=request.headers.get(REQUEST_ID_HEADER, ""),
+                traceparent=request.headers.get("traceparent", ""),
+            )
+        except InferbusError as exc:
+            return _error(exc)
+        chunks = call.chunks()
+        try:
+            # Wait for the first chunk: a refusal (429 from a full worker) or an
+            # error is then a proper HTTP status, not an event in a 200 stream.
+            first: GenerationChunk | None = await anext(chunks)
+        except StopAsyncIteration:
+            first = None
+        except InferbusError as exc:
+            await chunks.aclose()
+            return _error(exc)
+        headers = {REQUEST_ID_HEADER: call.request_id}
+        if stream:
+            headers["Cache-Control"] = "no-cache"
+            return _EventStream(_events(call, kind, first, chunks, include_usage), headers)
+        parts = [first.text] if first is not None else []
+        finish = first.finish_reason if first is not None else None
+        try:
+            # To the end (the stream ends right after the final chunk), so the call
+            # counts as answered rather than cancelled.
+            async for chunk in chunks:
+                parts.append(chunk.text)
+                finish = chunk.finish_reason or finish
+        except InferbusError as exc:
+            return _error(exc)
+        finally:
+            await chunks.aclose()
+        text = "".join(parts)
+        if kind == "chat":
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": _finish(finish),
+            }
+            obj, prefix = "chat.completion", "chatcmpl-"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(finish)}
+            obj, prefix = "text_completion", "cmpl-"
+        headers["Server-Timing"] = f"total;dur={(time.monotonic() - t0) * 1000.0:.3f}"
+        return JSONResponse(
+            {
+                "id": prefix + call.request_id,
+                "object": obj,
+                "created": call.created,
+                "model": call.model,
+                "choices": [choice],
+                "usage": _usage(call),
+            },
+            headers=headers,
+        )
+
+    async def chat(request: Request) -> Response:
+        return await generate(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, "completion")
+
+    return [
+        Route("/v1/models", list_models),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]

