@@ -1,0 +1,73 @@
+"""Register the KServe V2 servicer so that undecodable requests are the client's error.
+
+The generated ``add_GRPCInferenceServiceServicer_to_server`` parses each
+request with ``FromString``; when the bytes are not a valid protobuf message
+(truncated, corrupted, a string field that is not UTF-8), grpc-python answers
+UNKNOWN ("Unexpected DecodeError") or INTERNAL: a server error for a client's
+mistake, which also counts against the model's error budget in dashboards.
+Here every method parses with a deserializer that never raises; a request
+that did not parse is answered INVALID_ARGUMENT before the servicer sees it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes are not a valid message."""
+
+    def __init__(self, type_name: str, error: str) -> None:
+        self.type_name = type_name
+        self.error = error
+
+
+def _tolerant(cls: type[Message]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            return _Undecodable(cls.DESCRIPTOR.full_name, str(exc))
+
+    return deserialize
+
+
+def _guarded(
+    impl: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the request is not a valid {request.type_name} protobuf message "
+                f"({request.error[:200]}); check the client's serialization",
+            )
+        return await impl(request, context)
+
+    return handler
+
+
+def add_servicer_to_server(servicer: Any, server: grpc.aio.Server) -> None:
+    """Register every method of `SERVICE` on `server`, answering undecodable requests
+    INVALID_ARGUMENT (a drop-in for the generated ``add_..._to_server``)."""
+    handlers = {}
+    for name, method in pb.DESCRIPTOR.services_by_name[
+        "GRPCInferenceService"
+    ].methods_by_name.items():
+        request_cls = getattr(pb, method.input_type.name)
+        response_cls = getattr(pb, method.output_type.name)
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            _guarded(getattr(servicer, name)),
+            request_deserializer=_tolerant(request_cls),
+            response_serializer=response_cls.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)

@@ -1,0 +1,34 @@
+"""One `ChaosStack` for the package: two workers, two gateways, Redis with a
+limit, the registry on S3; the fraud model and a slow model for overload.
+
+Package-scoped: the stack takes ~15 s to start on two cores, and the fault
+matrix and the overload tests can share it (each fault is healed before the
+next starts, and every test checks first that the stack serves).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferbus_testing.chaos import SLOW_MODEL, ChaosStack, environment, make_models
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="package")
+def chaos_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosStack]:
+    """The whole platform, both models ready, a (high) cluster limit set in Redis."""
+    base = tmp_path_factory.mktemp("chaos")
+    fraud, slow = make_models(REPO, base / "models")
+    stack = ChaosStack(base / "stack", env=environment())
+    stack.model_dir = fraud
+    with stack:
+        stack.set_cluster_limit(1e6)
+        stack.push(fraud, "fraud")
+        stack.push(slow, SLOW_MODEL)
+        stack.wait_model_ready("fraud")
+        stack.wait_model_ready(SLOW_MODEL)
+        yield stack

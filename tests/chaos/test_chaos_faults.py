@@ -1,0 +1,40 @@
+"""The fault matrix (issue #11, item 1): each fault under steady closed-loop
+load; every request gets exactly one answer, a correct one or an explicit
+error before its deadline; none is lost, none hangs; the services reconnect
+by themselves and the time to full recovery is measured.
+
+The same runs, longer, make the table in ``docs/reliability.md``
+(``uv run python bench/reliability.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from inferbus_testing.chaos import FAULTS, ChaosStack, Shape, run_fault
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
+# Statuses a fault may legitimately produce: not computed in time, or not
+# reachable. Anything else (INTERNAL, UNKNOWN, INVALID_ARGUMENT, ...) is a bug.
+EXPLICIT = {"DEADLINE_EXCEEDED", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}
+
+
+@pytest.mark.parametrize("name", list(FAULTS))
+async def test_fault_loses_nothing_and_recovers(chaos_stack: ChaosStack, name: str) -> None:
+    assert all(chaos_stack.alive().values()), chaos_stack.alive()
+    report = await run_fault(chaos_stack, FAULTS[name], Shape.ci())
+    print(report.row(), *report.samples, sep="\n  ")
+    assert report.sent > 50, report.row()
+    assert report.wrong == 0, report.samples
+    assert report.hung == 0, report.samples
+    assert report.lost == 0, report.row()
+    assert set(report.explicit_errors) <= EXPLICIT, report.samples
+    # Every service is up again (nothing crashed as a side effect) and serving
+    # fully: the last second of the run was all correct answers.
+    assert all(report.alive.values()), report.alive
+    assert report.recovered_s is not None, report.samples
+    assert report.first_ok_s is not None
+    # A fault that takes nothing away from the data path costs nothing.
+    if name in ("kill-worker", "kill-gateway", "restart-redis", "stop-registry-s3"):
+        assert report.correct == report.sent, report.samples
