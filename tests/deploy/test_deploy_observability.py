@@ -25,7 +25,7 @@ OPERATIONS = REPO / "docs" / "operations.md"
 # Series of prometheus-nats-exporter (-varz -jsz=all) the rules and dashboard use.
 NATS_EXPORTER_SERIES = {"jetstream_consumer_num_pending"}
 _METRIC = re.compile(
-    r"""(Counter|Gauge|Histogram|Summary)\(\s*["']([a-zA-Z_:][a-zA-Z0-9_:]*)["']"""
+    r"""(Counter|Gauge|Histogram|Summary)(?:MetricFamily)?\(\s*["']([a-zA-Z_:][a-zA-Z0-9_:]*)["']"""
 )
 # Metric names in PromQL; `level:metric:operation` recording-rule names are not metrics.
 _USED = re.compile(r"(?<![:\w])((?:inferbus|jetstream)_[a-z0-9_]+)(?![:\w])")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from inferbus_cli.busclient import nats_options, parse_duration
 from inferbus_cli.plan import Ports
 
 
@@ -55,6 +56,11 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--s3-bucket", default="inferbus", help="S3 bucket")
     p.add_argument("--s3-secure", action="store_true", help="use HTTPS for S3")
     p.add_argument("--no-redis", action="store_true", help="do not start redis-server")
+    p.add_argument(
+        "--no-llm",
+        action="store_true",
+        help="do not start the LLM worker even when .venvs/vllm exists (scripts/bootstrap-llm.sh)",
+    )
     d = Ports()
     ports = p.add_argument_group("ports (0 = any free port)")
     for flag, default, what in [
@@ -127,6 +133,9 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     )
     push.add_argument("--config", help="config.json (required when PATH is a single file)")
     push.add_argument("--json", action="store_true", help="print the version as JSON")
+    push.add_argument(
+        "--progress", action="store_true", help="draw a progress bar even when not a terminal"
+    )
     _registry_options(push, timeout=300.0)
     push.set_defaults(handler="models:run_push")
 
@@ -147,6 +156,31 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     alias.add_argument("version", help="version it points at")
     _registry_options(alias)
     alias.set_defaults(handler="models:run_alias")
+
+    for verb, text in (
+        ("archive", "keep a version's files but take it out of serving"),
+        ("unarchive", "make an archived version usable again"),
+        ("delete", "delete a version's files and catalog entry"),
+    ):
+        q = msub.add_parser(verb, help=text)
+        q.add_argument("name", help="model name")
+        q.add_argument("version", help="version number")
+        q.add_argument("--json", action="store_true", help="print the model as JSON")
+        if verb == "delete":
+            q.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        _registry_options(q)
+        q.set_defaults(handler=f"models:run_{verb}")
+
+    dl = msub.add_parser("download", help="download an artifact file of a version")
+    dl.add_argument("name", help="model name")
+    dl.add_argument("--version", help="version or alias (default: stable)")
+    dl.add_argument("--file", help="file inside the version (default: the config's model file)")
+    dl.add_argument("-o", "--output", help="file or directory to write (default: ./<file>)")
+    dl.add_argument(
+        "--progress", action="store_true", help="draw a progress bar even when not a terminal"
+    )
+    _registry_options(dl, timeout=300.0)
+    dl.set_defaults(handler="models:run_download")
 
     wait = msub.add_parser("wait", help="wait until the gateway reports the model ready")
     wait.add_argument("name", help="model name")
@@ -243,6 +277,196 @@ def _add_keys(sub: argparse._SubParsersAction) -> None:
         q.add_argument("models", nargs="+")
 
 
+def _add_replay(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay captured requests of one version against another and report differences",
+        description="Reads requests captured by the gateways (INFERBUS_GATEWAY_CAPTURE_RATE) for "
+        "--from from the audit stream, sends each through the gateway pinned to --to, and "
+        "compares the answers (exact for ints/bytes, allclose for floats, argmax agreement).",
+    )
+    p.add_argument("model", help="model name")
+    p.add_argument("--from", dest="from_version", required=True, help="version that answered")
+    p.add_argument("--to", dest="to_version", required=True, help="version to replay against")
+    p.add_argument(
+        "--since", type=parse_duration, default=3600.0, help="captures this recent (1h; 15m, 2d)"
+    )
+    p.add_argument("--limit", type=_positive_int, help="replay at most N requests (oldest first)")
+    p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance for floats (1e-5)")
+    p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance for floats (1e-4)")
+    p.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight (8)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _home_option(p)
+    nats_options(p)
+    p.add_argument("--url", help="gateway gRPC HOST:PORT (default: from state.json, :8001)")
+    p.add_argument("--timeout", type=_positive_float, default=30.0, help="per request (30 s)")
+    p.set_defaults(handler="replay:run")
+
+
+def _add_drift(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("drift", help="input/output drift of deployed versions")
+    dsub = p.add_subparsers(dest="drift_command", metavar="COMMAND", required=True)
+    rep = dsub.add_parser(
+        "report", help="the worst-drifting features of a model (PSI, KS) per version"
+    )
+    rep.add_argument("model", help="model name")
+    rep.add_argument("--version", default="", help="one version (default: every version)")
+    rep.add_argument("--top", type=_positive_int, default=10, help="features shown (10)")
+    rep.add_argument(
+        "--threshold", type=_positive_float, default=0.2, help="PSI marked as drift (0.2)"
+    )
+    rep.add_argument("--json", action="store_true", help="print JSON")
+    _home_option(rep)
+    nats_options(rep)
+    rep.set_defaults(handler="drift:run_report")
+
+
+def _add_profile(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="build a drift reference profile (profile.json) from a sample file",
+        description="Per-feature histograms with bins from the sample's quantiles; put the "
+        "result into the version directory before `inferbus models push`.",
+    )
+    p.add_argument("model", help="model name (recorded in the profile)")
+    p.add_argument(
+        "--sample", required=True, help="inputs: .npy, .npz (one array per input) or .csv"
+    )
+    p.add_argument("--input", default="input", help="input name for a .npy/.csv sample (input)")
+    p.add_argument("--outputs", help="the model's outputs on the same rows (.npy, .npz, .csv)")
+    p.add_argument(
+        "--output", default="probabilities", help="output name for a .npy/.csv --outputs file"
+    )
+    p.add_argument("--bins", type=_positive_int, default=10, help="bins per feature (10)")
+    p.add_argument("--out", default="profile.json", help="file written (profile.json)")
+    p.set_defaults(handler="profile:run")
+
+
+def _weights(text: str) -> list[float]:
+    """``5,25,50,100`` → [5.0, 25.0, 50.0, 100.0] (rollout steps)."""
+    try:
+        steps = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of weights, e.g. 5,25,50,100"
+        ) from None
+    if not steps:
+        raise argparse.ArgumentTypeError("give at least one weight, e.g. 5,25,50,100")
+    return steps
+
+
+def _release_options(p: argparse.ArgumentParser, *, json_help: str = "print JSON") -> None:
+    _registry_options(p)
+    p.add_argument("--json", action="store_true", help=json_help)
+    p.add_argument("--by", help="who makes the change (default: user@host), recorded")
+
+
+def _add_route(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "route",
+        help="show a model's routing table or change its traffic split",
+        description="Routes live in NATS KV; every change bumps the revision and is recorded "
+        "(who, when, why) and published as an event.",
+    )
+    rsub = p.add_subparsers(dest="route_command", metavar="COMMAND", required=True)
+    show = rsub.add_parser("show", help="the route, its revision and its history")
+    show.add_argument("model", help="model name")
+    show.add_argument("--history", type=int, default=5, help="earlier revisions to show (5)")
+    _release_options(show)
+    show.set_defaults(handler="route:run_show")
+
+    st = rsub.add_parser("set", help="change canary, shadow, stickiness or pool")
+    st.add_argument("model", help="model name")
+    st.add_argument("--canary", help="canary version (none = clear)")
+    st.add_argument("--weight", type=float, help="canary weight in percent (0-100)")
+    st.add_argument("--shadow", help="shadow version (none = clear)")
+    st.add_argument("--shadow-rate", type=float, help="share of requests copied (0-1)")
+    st.add_argument("--sticky", help="tenant | header:<Name> | none")
+    st.add_argument("--pool", help="pool of the stable version")
+    st.add_argument(
+        "--expect-revision",
+        type=int,
+        help="KV revision read with `route show`: refuse if the route changed since",
+    )
+    st.add_argument("-m", "--message", help="why (recorded as the route's change text)")
+    _release_options(st)
+    st.set_defaults(handler="route:run_set")
+
+
+def _add_rollout(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "rollout",
+        help="progressive rollouts that roll themselves back",
+        description="The registry moves the canary weight step by step, judging each step from "
+        "the gateways' audit records (error rate, p99 vs stable).",
+    )
+    rsub = p.add_subparsers(dest="rollout_command", metavar="COMMAND", required=True)
+    start = rsub.add_parser("start", help="start rolling a version out")
+    start.add_argument("model", help="model name")
+    start.add_argument("version", help="version (or alias) to roll out")
+    start.add_argument(
+        "--steps", type=_weights, default=[5.0, 25.0, 50.0, 100.0], help="weights (5,25,50,100)"
+    )
+    start.add_argument(
+        "--interval", type=parse_duration, default=60.0, help="time per step (60s; 2m, 500ms)"
+    )
+    start.add_argument(
+        "--max-error-rate", type=float, default=0.01, help="canary error rate allowed (0.01)"
+    )
+    start.add_argument(
+        "--max-p99-ratio", type=float, default=1.5, help="canary p99 / stable p99 allowed (1.5)"
+    )
+    start.add_argument(
+        "--min-requests", type=_positive_int, default=20, help="canary requests to judge (20)"
+    )
+    start.add_argument("--on-fail", choices=["rollback", "pause"], default="rollback")
+    start.add_argument(
+        "--ready-timeout",
+        type=parse_duration,
+        default=120.0,
+        help="time the canary may take to load before the rollout fails (120s)",
+    )
+    _release_options(start)
+    start.set_defaults(handler="rollout:run_start")
+
+    status = rsub.add_parser("status", help="the model's latest rollout")
+    status.add_argument("model", help="model name")
+    _release_options(status)
+    status.set_defaults(handler="rollout:run_status")
+
+    for action, text in (
+        ("pause", "hold the current weight"),
+        ("resume", "continue a paused rollout (the step's window starts again)"),
+        ("abort", "stop: the canary leaves the route, stable unchanged"),
+        ("rollback", "stop and roll back (after success: stable moves back)"),
+    ):
+        q = rsub.add_parser(action, help=text)
+        q.add_argument("model", help="model name")
+        q.add_argument("--reason", help="why (recorded)")
+        _release_options(q)
+        q.set_defaults(handler="rollout:run_control", action=action)
+
+
+def _add_pools(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "pools",
+        help="the pool ledger (workers, specs, GPUs, placement, lag) and quotas",
+    )
+    psub = p.add_subparsers(dest="pools_command", metavar="COMMAND")
+    _release_options(p)
+    p.set_defaults(handler="pools:run_list")
+    lst = psub.add_parser("list", help="the ledger (default)")
+    _release_options(lst)
+    lst.set_defaults(handler="pools:run_list")
+    st = psub.add_parser("set", help="create or change a pool's quota and release state")
+    st.add_argument("pool", help="pool name")
+    st.add_argument("--max-workers", type=int, help="workers admitted at most (0 = unlimited)")
+    st.add_argument("--max-gpus", type=int, help="GPUs of admitted workers at most (0 = unlimited)")
+    st.add_argument("--state", choices=["open", "frozen"], help="release state")
+    _release_options(st)
+    st.set_defaults(handler="pools:run_set")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `inferbus` parser.
 
@@ -262,4 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_status(sub)
     _add_models(sub)
     _add_infer(sub)
+    _add_route(sub)
+    _add_rollout(sub)
+    _add_pools(sub)
+    _add_replay(sub)
+    _add_drift(sub)
+    _add_profile(sub)
     return parser

@@ -24,6 +24,8 @@ SERVICE_MODULES: dict[str, tuple[str, str]] = {
     "batcher": ("inferbus_batcher", "INFERBUS_BATCHER_"),
     "worker": ("inferbus_worker", "INFERBUS_WORKER_"),
     "gateway": ("inferbus_gateway", "INFERBUS_GATEWAY_"),
+    # Run with the vLLM environment's interpreter (`UpOptions.llm_python`).
+    "llm-worker": ("inferbus_worker.llm", "INFERBUS_LLM_"),
 }
 
 
@@ -45,6 +47,7 @@ class Ports:
     worker_metrics: int = 8032
     registry_grpc: int = 8070
     registry_metrics: int = 8042
+    llm_worker_metrics: int = 8052
 
     def worker_metrics_port(self, index: int) -> int:
         """Metrics port of worker `index` (0-based); 0 stays 0."""
@@ -77,6 +80,8 @@ class UpOptions:
         pool: worker pool of the workers.
         timeout_s: how long each process may take to become ready.
         log_level: log level of the services.
+        llm_python: interpreter of the vLLM environment; when set, an LLM worker
+            starts too and the tiny generative model is pushed (see `inferbus_cli.llm`).
     """
 
     home: Path
@@ -89,6 +94,7 @@ class UpOptions:
     pool: str = "default"
     timeout_s: float = 60.0
     log_level: str = "INFO"
+    llm_python: Path | None = None
 
     @property
     def logs_dir(self) -> Path:
@@ -142,6 +148,8 @@ def process_stages(options: UpOptions, *, with_redis: bool) -> list[list[str]]:
         stages.append(["redis"])
     stages.append(["registry", "router", "batcher"])
     stages.append([*(f"worker-{i + 1}" for i in range(options.workers)), "gateway"])
+    if options.llm_python is not None:
+        stages[-1].insert(len(stages[-1]) - 1, "llm-worker")  # the gateway stays last
     return stages
 
 
@@ -165,6 +173,8 @@ def port_claims(options: UpOptions, *, with_redis: bool) -> list[PortClaim]:
     ]
     if with_redis:
         claims.append(PortClaim(p.redis, "Redis", "--redis-port"))
+    if options.llm_python is not None:
+        claims.append(PortClaim(p.llm_worker_metrics, "LLM worker metrics", "--no-llm"))
     return claims
 
 
@@ -277,7 +287,17 @@ def service_spec(options: UpOptions, name: str, endpoints: dict[str, str]) -> Pr
             "GRPC_PORT": p.gateway_grpc,
             "METRICS_PORT": p.gateway_metrics,
             "REDIS_URL": redis_url(endpoints["redis"]) if endpoints.get("redis") else "",
+            # Triton's repository extension (/v2/repository/...) calls the registry.
+            "REGISTRY_URL": endpoints.get("registry", ""),
+        }
+    elif kind == "llm-worker":
+        values |= {
+            "METRICS_PORT": p.llm_worker_metrics,
+            "REGISTRY_URL": endpoints["registry"],
+            "CACHE_DIR": str(options.home / "cache" / name),
+            "POOL": "llm",
         }
     env = {prefix + key: str(value) for key, value in values.items()}
-    argv = [sys.executable, "-m", module]
+    python = options.llm_python if kind == "llm-worker" else None
+    argv = [str(python or sys.executable), "-m", module]
     return ProcessSpec(name, "service", argv, env, options.logs_dir / f"{name}.log", ports_file)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from inferbus_common import grpcauth
 from inferbus_proto.registry import registry_pb2_grpc
 from inferbus_proto.v2 import grpc_predict_v2_pb2_grpc
 
@@ -11,15 +12,27 @@ from inferbus_proto.v2 import grpc_predict_v2_pb2_grpc
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
-def open_channel(address: str) -> grpc.Channel:
-    """An insecure channel to ``HOST:PORT`` with large message limits."""
-    return grpc.insecure_channel(
+def open_channel(address: str, token: str | None = None) -> grpc.Channel:
+    """An insecure channel to ``HOST:PORT`` with large message limits.
+
+    Args:
+        address: ``HOST:PORT``.
+        token: registry token sent on every call (see `registry_channel`).
+    """
+    return grpcauth.channel(
         address,
+        token,
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ],
     )
+
+
+def registry_channel(address: str) -> grpc.Channel:
+    """A channel to the registry carrying its token from ``$INFERBUS_REGISTRY_TOKEN_FILE``
+    or ``$INFERBUS_REGISTRY_TOKEN`` (none: the registry must be open)."""
+    return open_channel(address, grpcauth.token_from_env())
 
 
 def registry_stub(channel: grpc.Channel) -> registry_pb2_grpc.RegistryStub:

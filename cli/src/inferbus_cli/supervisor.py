@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferbus_cli import llm
 from inferbus_cli.plan import (
     ProcessSpec,
     UpOptions,
@@ -311,10 +312,27 @@ class Stack:
                     else:
                         specs.append(service_spec(self.options, name, self.endpoints))
                 self._start_stage(specs)
+            if self.options.llm_python is not None:
+                self._push_tiny_llm()
         except BaseException:
             # Covers Ctrl-C during start-up as well: never leave half a stack.
             self.stop()
             raise
+
+    def _push_tiny_llm(self) -> None:
+        """Build (once) and push the tiny generative model for the LLM worker.
+
+        Raises:
+            StartupError: building or pushing failed.
+        """
+        assert self.options.llm_python is not None
+        self.say(f"  pushing {llm.TINY_MODEL} (tiny offline Llama) ...")
+        try:
+            out = self.options.home / "tiny-llm"
+            model_dir = llm.build_tiny_model(self.options.llm_python, out)
+            llm.push_tiny_model(self.endpoints["registry"], model_dir, self.say)
+        except RuntimeError as exc:
+            raise StartupError("llm-worker", str(exc)) from None
 
     def _start_stage(self, specs: list[ProcessSpec]) -> None:
         """Launch every spec at once, then wait for each to be up."""

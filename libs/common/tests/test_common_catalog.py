@@ -196,3 +196,30 @@ async def test_records_round_trip_as_json() -> None:
     assert DeployedVersion.model_validate_json(dv.model_dump_json()) == dv
     assert _worker("w", {}, age_s=1).is_fresh(15)
     assert not _worker("w", {}, age_s=16).is_fresh(15)
+
+
+def test_records_from_a_newer_registry_keep_serving() -> None:
+    """Unknown config fields (a newer registry, mid-upgrade) are dropped, not the model."""
+    import json as _json
+
+    import pydantic
+    import pytest as _pytest
+
+    from inferbus_common.catalog import parse_deployed_version
+
+    record = {
+        "model": "fraud",
+        "version": "3",
+        "config": {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
+            "feature_from_the_future": {"on": True},
+            "batching": {"max_queue_delay_us": 100, "also_new": 1},
+        },
+    }
+    dv = parse_deployed_version(_json.dumps(record).encode())
+    assert (dv.model, dv.version) == ("fraud", "3")
+    assert dv.config.batching.max_queue_delay_us == 100
+    record["config"]["inputs"] = "not a list"
+    with _pytest.raises(pydantic.ValidationError):
+        parse_deployed_version(_json.dumps(record).encode())

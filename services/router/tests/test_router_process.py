@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from inferbus_common import headers as h
 from inferbus_common.catalog import Route, ensure_kv
@@ -79,3 +83,87 @@ async def test_sigterm_exits_promptly_even_when_nats_is_gone(nats_server, spawn_
     code = await router.aterminate(timeout=10)
     assert code == 0, router.log_tail()
     assert time.monotonic() - t0 < 5
+
+
+async def test_sticky_keys_agree_across_router_processes_and_a_restart(
+    nats_server, nats_client, spawn_service
+) -> None:
+    """Separate processes hash with separate ``hash()`` salts: stickiness must not care."""
+    await _put_route(
+        nats_client.jetstream(),
+        Route(
+            model="sticky.p",
+            stable="1",
+            versions=["1", "2"],
+            canary="2",
+            canary_weight=50.0,
+            sticky="header:X-User",
+        ),
+    )
+    env = {"INFERBUS_ROUTER_NATS_URL": nats_server.url, "INFERBUS_ROUTER_METRICS_PORT": "0"}
+    subjects = Subjects()
+    seen: dict[str, list[str]] = {}
+
+    async def on_forward(msg) -> None:
+        seen.setdefault(msg.headers[h.REQUEST_ID], []).append(msg.headers[h.VERSION])
+
+    await nats_client.subscribe(
+        f"{subjects.prefix}.infer.{subject_token('sticky.p')}.*", cb=on_forward
+    )
+    await nats_client.flush()
+
+    async def send(tag: str, keys: int, rounds: int) -> dict[str, set[str]]:
+        for r in range(rounds):
+            for k in range(keys):
+                await nats_client.publish(
+                    subjects.route("sticky.p"),
+                    b"",
+                    headers={
+                        h.MODEL: "sticky.p",
+                        h.STICKY_KEY: f"user-{k}",
+                        h.REQUEST_ID: f"{tag}.{r}.{k}",
+                    },
+                )
+        await nats_client.flush()
+        deadline = time.monotonic() + 20
+        want = {f"{tag}.{r}.{k}" for r in range(rounds) for k in range(keys)}
+        while not want <= seen.keys():
+            assert time.monotonic() < deadline, "not every request was forwarded"
+            await asyncio.sleep(0.02)
+        out: dict[str, set[str]] = {}
+        for rid in want:
+            out.setdefault(rid.rsplit(".", 1)[1], set()).update(seen[rid])
+        return out
+
+    a = await spawn_service("inferbus_router", env=env, name="router-a")
+    b = await spawn_service("inferbus_router", env=env, name="router-b")
+    await a.await_ready()
+    await b.await_ready()
+    # A fresh subscription can miss the first message: probe until one is forwarded.
+    deadline = time.monotonic() + 10
+    while not any(rid.startswith("probe") for rid in seen):
+        assert time.monotonic() < deadline, a.log_tail()
+        await nats_client.publish(
+            subjects.route("sticky.p"), b"", headers={h.MODEL: "sticky.p", h.REQUEST_ID: "probe"}
+        )
+        await asyncio.sleep(0.05)
+    before = await send("before", 100, 3)
+    # Both instances of the queue group took part.
+    for router in (a, b):
+        text = httpx.get(f"http://127.0.0.1:{router.ports['metrics']}/metrics").text
+        routed = sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "inferbus_router_requests_total"
+            and sample.labels.get("model") == "sticky.p"
+        )
+        assert routed > 0
+    await b.aterminate(timeout=10)
+    b2 = await spawn_service("inferbus_router", env=env, name="router-b2")
+    await b2.await_ready()
+    await a.aterminate(timeout=10)  # only the restarted instance is left
+    after = await send("after", 100, 2)
+    assert all(len(v) == 1 for v in before.values()), before
+    assert before == after
+    assert {v for vs in before.values() for v in vs} == {"1", "2"}

@@ -1,19 +1,31 @@
-"""``inferbus models push|list|get|alias|wait``: the registry and model readiness."""
+"""``inferbus models push|list|get|alias|archive|unarchive|delete|download|wait``.
+
+The registry (versions, aliases, lifecycle, artifacts) and model readiness.
+"""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 from pydantic import ValidationError
 
-from inferbus_cli.rpc import inference_stub, open_channel, registry_stub, rpc_error_text
+from inferbus_cli.progress import ProgressBar
+from inferbus_cli.rpc import (
+    inference_stub,
+    registry_channel,
+    registry_stub,
+    rpc_error_text,
+)
 from inferbus_cli.state import default_gateway_address, default_registry_address, resolve_home
 from inferbus_cli.table import format_table
 from inferbus_common.modelconfig import ModelConfig
@@ -87,8 +99,13 @@ def push_messages(
     config_bytes: bytes,
     aliases: list[str],
     files: list[tuple[str, Path]],
+    on_chunk: Callable[[int], None] | None = None,
 ) -> Iterator[rpb.PushChunk]:
-    """The PushVersion stream: the header, then every file in 1 MiB chunks."""
+    """The PushVersion stream: the header, then every file in 1 MiB chunks.
+
+    `on_chunk` is called with each chunk's size as gRPC takes it (the
+    progress bar), so it counts what was handed to the channel.
+    """
     yield rpb.PushChunk(
         header=rpb.PushHeader(
             model=model, version=version, config_json=config_bytes, aliases=aliases
@@ -99,6 +116,8 @@ def push_messages(
             sent = False
             while chunk := f.read(CHUNK_BYTES):
                 yield rpb.PushChunk(chunk=rpb.FileChunk(path=name, data=chunk))
+                if on_chunk is not None:
+                    on_chunk(len(chunk))
                 sent = True
             if not sent:
                 # An empty file still has to exist in the version.
@@ -128,7 +147,13 @@ def version_to_json(info: rpb.VersionInfo) -> dict[str, Any]:
 
 def model_to_json(info: rpb.ModelInfo) -> dict[str, Any]:
     """A ModelInfo as a JSON-ready dict."""
-    return {"name": info.name, "versions": list(info.versions), "aliases": dict(info.aliases)}
+    return {
+        "name": info.name,
+        "versions": list(info.versions),
+        "aliases": dict(info.aliases),
+        "archived": list(info.archived),
+        "unloaded": info.unloaded,
+    }
 
 
 def _registry_address(args: argparse.Namespace) -> str:
@@ -150,14 +175,20 @@ def run_push(args: argparse.Namespace) -> int:
         f"to {address}",
         file=sys.stderr,
     )
-    with open_channel(address) as channel:
+    bar = ProgressBar(total, f"push {args.name} {args.version}", enabled=_progress(args))
+    with registry_channel(address) as channel:
         try:
             info = registry_stub(channel).PushVersion(
-                push_messages(args.name, args.version, config_bytes, args.alias, files),
+                push_messages(
+                    args.name, args.version, config_bytes, args.alias, files, bar.advance
+                ),
                 timeout=args.timeout,
             )
         except grpc.RpcError as exc:
+            bar.close()  # end the bar's line before the error
             return _fail(f"PushVersion: {rpc_error_text(exc, address)}")
+        finally:
+            bar.close()
     if args.json:
         print(json.dumps(version_to_json(info), indent=2))
     else:
@@ -170,7 +201,7 @@ def run_push(args: argparse.Namespace) -> int:
 def run_list(args: argparse.Namespace) -> int:
     """List every model with its versions and aliases."""
     address = _registry_address(args)
-    with open_channel(address) as channel:
+    with registry_channel(address) as channel:
         try:
             resp = registry_stub(channel).ListModels(rpb.ListModelsRequest(), timeout=args.timeout)
         except grpc.RpcError as exc:
@@ -187,17 +218,19 @@ def run_list(args: argparse.Namespace) -> int:
             m["name"],
             ",".join(m["versions"]) or "-",
             ",".join(f"{a}={v}" for a, v in sorted(m["aliases"].items())) or "-",
+            ",".join(m["archived"]) or "-",
+            "unloaded" if m["unloaded"] else "yes",
         ]
         for m in models
     ]
-    print(format_table(["MODEL", "VERSIONS", "ALIASES"], rows))
+    print(format_table(["MODEL", "VERSIONS", "ALIASES", "ARCHIVED", "SERVING"], rows))
     return 0
 
 
 def run_get(args: argparse.Namespace) -> int:
     """Print one version (number or alias; default `stable`) as JSON."""
     address = _registry_address(args)
-    with open_channel(address) as channel:
+    with registry_channel(address) as channel:
         try:
             info = registry_stub(channel).GetVersion(
                 rpb.GetVersionRequest(model=args.name, version=args.version or ""),
@@ -212,7 +245,7 @@ def run_get(args: argparse.Namespace) -> int:
 def run_alias(args: argparse.Namespace) -> int:
     """Point an alias at a version."""
     address = _registry_address(args)
-    with open_channel(address) as channel:
+    with registry_channel(address) as channel:
         try:
             info = registry_stub(channel).SetAlias(
                 rpb.SetAliasRequest(model=args.name, alias=args.alias, version=args.version),
@@ -231,7 +264,7 @@ def run_wait(args: argparse.Namespace) -> int:
     address = args.url or default_gateway_address(home)
     deadline = time.monotonic() + args.timeout
     last = "not asked yet"
-    with open_channel(address) as channel:
+    with registry_channel(address) as channel:
         stub = inference_stub(channel)
         while True:
             try:
@@ -253,3 +286,139 @@ def run_wait(args: argparse.Namespace) -> int:
                     f"(e.g. tail {home / 'logs' / 'worker-1.log'})"
                 )
             time.sleep(args.interval)
+
+
+def _progress(args: argparse.Namespace) -> bool | None:
+    """True with ``--progress``, else None: draw only when stderr is a terminal."""
+    return True if getattr(args, "progress", False) else None
+
+
+def _lifecycle(args: argparse.Namespace, rpc: str, request: object) -> int:
+    address = _registry_address(args)
+    with registry_channel(address) as channel:
+        try:
+            info = getattr(registry_stub(channel), rpc)(request, timeout=args.timeout)
+        except grpc.RpcError as exc:
+            return _fail(f"{rpc} {args.name} {args.version}: {rpc_error_text(exc, address)}")
+    if args.json:
+        print(json.dumps(model_to_json(info), indent=2))
+        return 0
+    archived = ", ".join(info.archived) or "-"
+    versions = ", ".join(info.versions) or "-"
+    print(f"{info.name or args.name}: versions {versions}; archived {archived}")
+    return 0
+
+
+def _who() -> str:
+    try:
+        return os.getlogin()
+    except OSError:
+        return os.environ.get("USER", "")
+
+
+def run_archive(args: argparse.Namespace) -> int:
+    """Archive a version: keep its files, take it out of serving."""
+    request = rpb.ArchiveVersionRequest(model=args.name, version=args.version, requested_by=_who())
+    return _lifecycle(args, "ArchiveVersion", request)
+
+
+def run_unarchive(args: argparse.Namespace) -> int:
+    """Unarchive a version so that it can be aliased and routed again."""
+    request = rpb.ArchiveVersionRequest(model=args.name, version=args.version, requested_by=_who())
+    return _lifecycle(args, "UnarchiveVersion", request)
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    """Delete a version's files and catalog entry (asks unless --yes)."""
+    if not args.yes:
+        if not sys.stdin.isatty():
+            return _fail("refusing to delete without --yes (stdin is not a terminal)")
+        answer = input(f"delete {args.name} version {args.version} and its files? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("not deleted", file=sys.stderr)
+            return 1
+    request = rpb.DeleteVersionRequest(model=args.name, version=args.version, requested_by=_who())
+    return _lifecycle(args, "DeleteVersion", request)
+
+
+def download_file(
+    stub: object,
+    model: str,
+    version: str,
+    path: str,
+    dest: Path,
+    *,
+    timeout: float | None,
+    progress: bool | None = None,
+) -> tuple[Path, ProgressBar]:
+    """Stream one file of a version into `dest`, checking its SHA-256 and size.
+
+    Written to a temporary file beside `dest` and renamed into place only when
+    complete and matching the manifest. Returns `dest` and the progress bar
+    (its ``done`` is the byte count received).
+
+    Raises:
+        grpc.RpcError: the registry refused or failed.
+        ValueError: the bytes do not match the manifest.
+    """
+    info = stub.GetVersion(  # type: ignore[attr-defined]
+        rpb.GetVersionRequest(model=model, version=version), timeout=timeout
+    )
+    entry = next((f for f in info.files if f.path == path), None)
+    if entry is None:
+        files = sorted(f.path for f in info.files)
+        raise ValueError(f"{model} {info.version} has no file {path!r}; files: {files}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    digest = hashlib.sha256()
+    bar = ProgressBar(entry.size, f"download {path}", enabled=progress)
+    try:
+        with os.fdopen(fd, "wb") as fh, bar:
+            request = rpb.DownloadFileRequest(model=model, version=info.version, path=path)
+            for chunk in stub.DownloadFile(request, timeout=timeout):  # type: ignore[attr-defined]
+                fh.write(chunk.data)
+                digest.update(chunk.data)
+                bar.advance(len(chunk.data))
+        if bar.done != entry.size or digest.hexdigest() != entry.sha256:
+            raise ValueError(
+                f"{path}: received {bar.done} bytes with SHA-256 {digest.hexdigest()}, "
+                f"the manifest lists {entry.size} bytes with {entry.sha256}; try again"
+            )
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dest, bar
+
+
+def run_download(args: argparse.Namespace) -> int:
+    """Download one artifact file of a version (default: the config's model file)."""
+    address = _registry_address(args)
+    with registry_channel(address) as channel:
+        stub = registry_stub(channel)
+        try:
+            path = args.file
+            if not path:
+                info = stub.GetVersion(
+                    rpb.GetVersionRequest(model=args.name, version=args.version or ""),
+                    timeout=args.timeout,
+                )
+                path = json.loads(info.config_json).get("file", "model.onnx")
+            out = Path(args.output) if args.output else Path(Path(path).name)
+            if out.is_dir():
+                out = out / Path(path).name
+            dest, bar = download_file(
+                stub,
+                args.name,
+                args.version or "",
+                path,
+                out,
+                timeout=args.timeout,
+                progress=_progress(args),
+            )
+        except grpc.RpcError as exc:
+            return _fail(f"DownloadFile {args.name}: {rpc_error_text(exc, address)}")
+        except (ValueError, OSError) as exc:
+            return _fail(str(exc))
+    print(f"{dest} ({bar.done} bytes, SHA-256 checked)")
+    return 0

@@ -9,7 +9,13 @@ from typing import Any
 
 import grpc
 
-from inferbus_cli.rpc import inference_stub, open_channel, registry_stub, rpc_error_text
+from inferbus_cli.rpc import (
+    inference_stub,
+    open_channel,
+    registry_channel,
+    registry_stub,
+    rpc_error_text,
+)
 from inferbus_cli.state import StackState, is_alive, last_log_lines, load_state, resolve_home
 from inferbus_cli.supervisor import describe_exit
 from inferbus_cli.table import format_table
@@ -46,7 +52,7 @@ def model_rows(state: StackState) -> tuple[list[dict[str, Any]], list[str]]:
     gateway = state.endpoints.get("gateway_grpc")
     if not registry:
         return [], ["the state has no registry address"]
-    with open_channel(registry) as channel:
+    with registry_channel(registry) as channel:
         try:
             listed = registry_stub(channel).ListModels(
                 rpb.ListModelsRequest(), timeout=RPC_TIMEOUT_S

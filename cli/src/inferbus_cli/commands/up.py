@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from inferbus_cli.llm import find_vllm_python
 from inferbus_cli.plan import Ports, S3Options, UpOptions
 from inferbus_cli.probes import PortInUseError
 from inferbus_cli.state import (
@@ -62,6 +63,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         pool=args.pool,
         timeout_s=args.timeout,
         log_level=args.log_level,
+        llm_python=None if getattr(args, "no_llm", False) else find_vllm_python(),
     )
 
 
@@ -87,6 +89,7 @@ def endpoint_lines(state: StackState) -> list[str]:
     lines = [
         f"  KServe V2 gRPC : {ep.get('gateway_grpc', '-')}",
         f"  KServe V2 HTTP : {ep.get('gateway_http', '-')}/v2/models/<model>/infer",
+        f"  OpenAI API     : {ep.get('gateway_http', '-')}/v1 (generative models)",
         f"  registry gRPC  : {ep.get('registry', '-')}",
         f"  NATS           : {ep.get('nats', '-')} (monitoring {ep.get('nats_monitoring', '-')})",
         f"  Redis          : {ep.get('redis', 'not running')}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 
 import nats
 import nats.errors
@@ -13,13 +14,32 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
+from inferbus_common import security
 from inferbus_common.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
 
-async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> Client:
-    """Connect to NATS with reconnects forever (a platform service never gives up)."""
+async def connect(
+    url: str,
+    name: str,
+    *,
+    connect_timeout: float = 5.0,
+    user: str = "",
+    password: str = "",
+    user_credentials: str = "",
+    tls_ca_file: str = "",
+) -> Client:
+    """Connect to NATS with reconnects forever (a platform service never gives up).
+
+    Args:
+        url: server URL(s); ``tls://`` for TLS.
+        name: connection name shown by the server.
+        user, password: NATS user (its inbox prefix becomes ``_INBOX_<user>``,
+            which the broker lets only that user read; see `security`).
+        user_credentials: NKEY/JWT credentials file, instead of user and password.
+        tls_ca_file: CA bundle for a ``tls://`` server.
+    """
 
     async def _disconnected() -> None:
         log.warning("nats disconnected", extra={"nats_url": url})
@@ -29,6 +49,14 @@ async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> Clien
 
     async def _error(exc: Exception) -> None:
         log.warning("nats error: %s", exc)
+
+    extra: dict[str, object] = {}
+    if user:
+        extra.update(user=user, password=password, inbox_prefix=security.inbox_prefix(user))
+    if user_credentials:
+        extra["user_credentials"] = user_credentials
+    if tls_ca_file or url.startswith("tls://"):
+        extra["tls"] = ssl.create_default_context(cafile=tls_ca_file or None)
 
     return await nats.connect(
         url,
@@ -41,6 +69,7 @@ async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> Clien
         reconnected_cb=_reconnected,
         error_cb=_error,
         pending_size=64 * 1024 * 1024,
+        **extra,
     )
 
 

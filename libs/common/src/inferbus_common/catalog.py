@@ -8,8 +8,10 @@ Three buckets (names from `Subjects`):
   pool), written by the registry, read by the router and gateway.
 * ``<prefix>_workers`` key ``<worker id>`` → `WorkerStatus` heartbeat,
   written by each worker every few seconds.
+* ``<prefix>_pools``   key ``<pool>`` → `PoolSpec` (quota, release state),
+  written by the registry (``inferbus pools set``), read by workers.
 
-`Catalog` watches all three and keeps an in-memory copy that follows changes
+`Catalog` watches all four and keeps an in-memory copy that follows changes
 live; every service that needs to know what is deployed holds one.
 """
 
@@ -17,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
 
+import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
@@ -47,6 +51,44 @@ class DeployedVersion(BaseModel):
     """Base64 Ed25519 signature of `signing.signed_payload` (empty: unsigned)."""
     key_id: str = ""
     """Which registry key signed it."""
+
+    @property
+    def has_profile(self) -> bool:
+        """The version carries a drift reference profile (``profile.json``, see `drift`)."""
+        return "profile.json" in self.files
+
+
+def parse_deployed_version(value: bytes) -> DeployedVersion:
+    """A catalog record, tolerating fields this release does not know.
+
+    `ModelConfig` forbids unknown keys so that a typo in a pushed config.json is
+    refused at upload. A catalog record, though, may come from a *newer* registry
+    during a rolling upgrade; dropping the whole model for a field we cannot use
+    would take it out of service. So unknown keys are removed (with a warning)
+    and the record is read again; any other error still raises.
+
+    Raises:
+        ValidationError, ValueError: the record is malformed in another way.
+    """
+    try:
+        return DeployedVersion.model_validate_json(value)
+    except ValidationError as exc:
+        errors = exc.errors()
+        if not errors or any(e["type"] != "extra_forbidden" for e in errors):
+            raise
+        data = json.loads(value)
+        for err in errors:
+            *path, last = err["loc"]
+            node = data
+            for part in path:
+                node = node[part]
+            node.pop(last, None)
+        log.warning(
+            "catalog record has fields this release does not know (newer registry?): %s; "
+            "ignoring them",
+            ", ".join(".".join(map(str, e["loc"])) for e in errors),
+        )
+        return DeployedVersion.model_validate(data)
 
 
 class Route(BaseModel):
@@ -88,10 +130,74 @@ class WorkerStatus(BaseModel):
     """Wall-clock time of the heartbeat."""
     host: str = ""
     pid: int = 0
+    cpus: int = 0
+    """CPUs this worker may use (its affinity mask); 0 = unknown."""
+    memory_bytes: int = 0
+    """Memory available to it (cgroup limit, else the host's); 0 = unknown."""
+    gpu_type: str = ""
+    """GPU model name from NVML / nvidia-smi ('' = none)."""
+    gpu_count: int = 0
+    """GPUs visible to it (0 = none or unknown)."""
+    joined_unix_ms: int = 0
+    """When the worker started: pools admit workers in join order (oldest first)."""
+    admitted: bool = True
+    """False while its pool's quota keeps it out (it then serves nothing)."""
+    reason: str = ""
+    """Why it is not admitted ('' when admitted)."""
 
     def is_fresh(self, max_age_s: float) -> bool:
         """Whether the heartbeat is recent enough to trust."""
         return (time.time() * 1000 - self.ts_ms) <= max_age_s * 1000
+
+
+class PoolSpec(BaseModel):
+    """A worker pool's quota and release state (the pools bucket, key = pool token)."""
+
+    name: str
+    max_workers: int = Field(default=0, ge=0)
+    """Workers admitted at most (0 = unlimited); later joiners stay not-ready."""
+    max_gpus: int = Field(default=0, ge=0)
+    """Sum of admitted workers' GPUs at most (0 = unlimited)."""
+    state: str = "open"
+    """Release state: ``open`` or ``frozen`` (traffic changes and rollouts onto it refused)."""
+    updated_by: str = ""
+    updated_unix_ms: int = 0
+
+
+POOL_STATES = ("open", "frozen")
+"""Release states a pool can be in."""
+
+
+def pool_admission(pool: str, workers: list[WorkerStatus], spec: PoolSpec | None) -> dict[str, str]:
+    """Which live workers of `pool` its quota admits: worker id → '' or the reason it is out.
+
+    Workers are admitted oldest first (`joined_unix_ms`, then id), so every
+    worker computes the same answer from the same heartbeats without talking
+    to the others; a worker that leaves lets the next one in.
+    """
+    members = sorted(
+        (w for w in workers if w.pool == pool), key=lambda w: (w.joined_unix_ms, w.worker_id)
+    )
+    out: dict[str, str] = {}
+    count = gpus = 0
+    for w in members:
+        reason = ""
+        if spec is not None and spec.max_workers and count + 1 > spec.max_workers:
+            reason = (
+                f"pool '{pool}' is full: max_workers {spec.max_workers} already admitted; "
+                f"raise it with `inferbus pools set {pool} --max-workers N` or stop a worker"
+            )
+        elif spec is not None and spec.max_gpus and gpus + w.gpu_count > spec.max_gpus:
+            reason = (
+                f"pool '{pool}' GPU quota exceeded: {gpus} of max_gpus {spec.max_gpus} in use, "
+                f"this worker has {w.gpu_count}; raise it with `inferbus pools set {pool} "
+                "--max-gpus N`"
+            )
+        if not reason:
+            count += 1
+            gpus += w.gpu_count
+        out[w.worker_id] = reason
+    return out
 
 
 async def ensure_kv(js: JetStreamContext, bucket: str, *, history: int = 5) -> KeyValue:
@@ -133,24 +239,68 @@ class Catalog:
         self.versions: dict[tuple[str, str], DeployedVersion] = {}
         self.routes: dict[str, Route] = {}
         self.workers: dict[str, WorkerStatus] = {}
+        self.pools: dict[str, PoolSpec] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._rewatch_task: asyncio.Task[None] | None = None
         self._loaded: list[asyncio.Event] = []
         self._changed = asyncio.Condition()
 
-    async def __aenter__(self) -> Catalog:
-        for bucket, apply in (
+    def _buckets(self) -> list[tuple[str, Callable[[str, bytes | None], None]]]:
+        return [
             (self._subjects.models_bucket, self._apply_version),
             (self._subjects.routes_bucket, self._apply_route),
             (self._subjects.workers_bucket, self._apply_worker),
-        ):
+            (self._subjects.pools_bucket, self._apply_pool),
+        ]
+
+    async def __aenter__(self) -> Catalog:
+        for bucket, apply in self._buckets():
             kv = await ensure_kv(self._js, bucket)
             loaded = asyncio.Event()
             self._loaded.append(loaded)
             watcher = await kv.watchall()
             self._tasks.append(asyncio.create_task(self._follow(watcher, apply, loaded)))
+        self._rewatch_task = asyncio.create_task(self._rewatch_on_reconnect())
         return self
 
+    async def _rewatch_on_reconnect(self) -> None:
+        """Watch every bucket afresh after NATS reconnected.
+
+        A watcher is an ephemeral ordered consumer; a restarted nats-server
+        no longer has it, and nats-py notices only after two missed idle
+        heartbeats (10-20 s). Meanwhile worker heartbeats seemed to stop and
+        every version looked unserved ("no worker"). A new watcher replays
+        the current value of every key, so nothing missed stays missed.
+        """
+        nc = self._js._nc  # the JetStream context's connection (nats-py has no public handle)
+        seen = nc.stats.get("reconnects", 0)
+        while True:
+            await asyncio.sleep(0.25)
+            now = nc.stats.get("reconnects", 0)
+            if now == seen or not nc.is_connected:
+                continue
+            fresh: list[asyncio.Task[None]] = []
+            try:
+                for bucket, apply in self._buckets():
+                    watcher = await (await ensure_kv(self._js, bucket)).watchall()
+                    fresh.append(asyncio.create_task(self._follow(watcher, apply, asyncio.Event())))
+            except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+                for task in fresh:
+                    task.cancel()
+                log.warning("catalog: re-watch after reconnect failed (%s); retrying", exc)
+                continue
+            seen = now
+            old, self._tasks = self._tasks, fresh
+            for task in old:
+                task.cancel()
+            await asyncio.wait(old, timeout=5.0)
+            log.info("catalog: watching every bucket again after a NATS reconnect")
+
     async def __aexit__(self, *exc: object) -> None:
+        if self._rewatch_task is not None:
+            self._rewatch_task.cancel()
+            await asyncio.wait([self._rewatch_task], timeout=5.0)
+            self._rewatch_task = None
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -207,7 +357,7 @@ class Catalog:
                 if self._subjects.model_key(v.model, v.version) == key:
                     del self.versions[k]
             return
-        dv = DeployedVersion.model_validate_json(value)
+        dv = parse_deployed_version(value)
         self.versions[(dv.model, dv.version)] = dv
 
     def _apply_route(self, key: str, value: bytes | None) -> None:
@@ -224,6 +374,14 @@ class Catalog:
             return
         ws = WorkerStatus.model_validate_json(value)
         self.workers[key] = ws
+
+    def _apply_pool(self, key: str, value: bytes | None) -> None:
+        if value is None:
+            for name in [n for n in self.pools if self._subjects.model_key(n) == key]:
+                del self.pools[name]
+            return
+        spec = PoolSpec.model_validate_json(value)
+        self.pools[spec.name] = spec
 
     # --- queries -------------------------------------------------------------
     def resolve(self, model: str, version: str = "") -> DeployedVersion | None:

@@ -50,6 +50,11 @@ STICKY_KEY = "Ib-Sticky-Key"
 ``header:<Name>``; the gateway copies it from that request header."""
 SEQ = "Ib-Seq"
 """On streamed replies: 0-based sequence number of the chunk."""
+FINAL = "Ib-Final"
+"""On streamed replies: ``1`` on the last chunk of a stream (nothing follows it)."""
+MIRROR = "Ib-Mirror"
+"""Subject a worker also publishes its reply to (after the client's), set by the
+router on the primary copy of a shadowed request so it can compare the two."""
 
 
 def now_ns() -> int:

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import socket
+import ssl
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -62,8 +63,24 @@ def ops_app(ready: Callable[[], tuple[bool, str]]) -> Starlette:
 
 
 @contextlib.asynccontextmanager
-async def serve_http(app: object, sock: socket.socket) -> AsyncIterator[uvicorn.Server]:
-    """Serve an ASGI app on a bound socket for the duration of the context."""
+async def serve_http(
+    app: object,
+    sock: socket.socket,
+    *,
+    tls_cert_file: Path | None = None,
+    tls_key_file: Path | None = None,
+    tls_client_ca_file: Path | None = None,
+) -> AsyncIterator[uvicorn.Server]:
+    """Serve an ASGI app on a bound socket for the duration of the context.
+
+    With a certificate and key it serves HTTPS; with a client CA too, clients
+    must present a certificate signed by it (mutual TLS).
+    """
+    tls: dict[str, object] = {}
+    if tls_cert_file is not None and tls_key_file is not None:
+        tls = {"ssl_certfile": str(tls_cert_file), "ssl_keyfile": str(tls_key_file)}
+        if tls_client_ca_file is not None:
+            tls.update(ssl_ca_certs=str(tls_client_ca_file), ssl_cert_reqs=ssl.CERT_REQUIRED)
     config = uvicorn.Config(
         app,
         log_config=None,
@@ -72,6 +89,7 @@ async def serve_http(app: object, sock: socket.socket) -> AsyncIterator[uvicorn.
         timeout_graceful_shutdown=5,
         loop="none",
         http="httptools",
+        **tls,  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -18,6 +18,16 @@ class ServiceSettings(BaseSettings):
 
     nats_url: str = "nats://127.0.0.1:4222"
     """NATS server URL (comma-separate several for a cluster)."""
+    nats_user: str = ""
+    """NATS user (see `inferbus_common.security`); empty: connect without a user."""
+    nats_password: SecretStr | None = None
+    """Password of `nats_user` (prefer `nats_password_file`)."""
+    nats_password_file: Path | None = None
+    """File holding the password of `nats_user` (e.g. a mounted secret)."""
+    nats_creds_file: Path | None = None
+    """NATS credentials file (NKEY seed + user JWT), instead of user and password."""
+    nats_tls_ca_file: Path | None = None
+    """CA bundle to verify a ``tls://`` NATS server (system CAs when unset)."""
     subject_prefix: str = Field(default="ib", pattern=r"^[A-Za-z0-9_-]+$")
     """First token of every subject, stream and bucket name."""
     instance_id: str = ""
@@ -36,3 +46,40 @@ class ServiceSettings(BaseSettings):
     """Run the event loop on uvloop (faster) instead of asyncio's default."""
     drain_timeout_s: float = Field(default=10.0, ge=0)
     """On SIGTERM, how long to finish in-flight work before exiting."""
+
+    # --- tracing (inferbus_common.tracing) -----------------------------------------
+    tracing_enabled: bool = False
+    """Record OpenTelemetry spans. Off by default: the W3C ``traceparent`` is still
+    passed along unchanged, so turning it on in one service never breaks another."""
+    tracing_sample_ratio: float = Field(default=0.01, ge=0, le=1)
+    """Share of requests without a sampled client ``traceparent`` that are traced
+    (parent-based: a client's sampling decision is always followed). Only the
+    gateway starts traces; the other services follow the request's flag."""
+    tracing_exporter: Literal["otlp", "console", "none"] = "otlp"
+    """Where spans go: ``otlp`` (gRPC to `tracing_otlp_endpoint`), ``console``
+    (stdout, for debugging) or ``none`` (spans are built and dropped)."""
+    tracing_otlp_endpoint: str = "http://127.0.0.1:4317"
+    """OTLP/gRPC collector address (``https://`` for TLS)."""
+    tracing_export_interval_ms: int = Field(default=2000, ge=10, le=60_000)
+    """How long finished spans wait to be exported in one batch."""
+    tracing_max_queue: int = Field(default=8192, ge=64)
+    """Finished spans buffered for export; past it, spans are dropped (never blocks)."""
+
+    def nats_auth(self) -> dict[str, object]:
+        """Keyword arguments for `inferbus_common.bus.connect`: credentials, inbox, TLS.
+
+        Raises:
+            OSError: a password file that cannot be read.
+        """
+        out: dict[str, object] = {}
+        if self.nats_creds_file is not None:
+            out["user_credentials"] = str(self.nats_creds_file)
+        if self.nats_user:
+            out["user"] = self.nats_user
+            if self.nats_password_file is not None:
+                out["password"] = self.nats_password_file.read_text().strip()
+            elif self.nats_password is not None:
+                out["password"] = self.nats_password.get_secret_value()
+        if self.nats_tls_ca_file is not None:
+            out["tls_ca_file"] = str(self.nats_tls_ca_file)
+        return out

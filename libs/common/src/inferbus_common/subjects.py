@@ -96,6 +96,18 @@ class Subjects:
         """Wildcard generative workers subscribe under (one subject per model version)."""
         return f"{self.prefix}.gen.*.*"
 
+    def gen_cancel(self, request_id: str) -> str:
+        """Gateway → every generative worker: stop generating for this request.
+
+        Not under ``gen.``: a model named ``cancel`` would otherwise collide with it.
+        """
+        return f"{self.prefix}.gencancel.{subject_token(request_id)}"
+
+    @property
+    def gen_cancel_all(self) -> str:
+        """Wildcard every generative worker subscribes to (no queue group: all see it)."""
+        return f"{self.prefix}.gencancel.*"
+
     def idle(self, pool: str, model: str, version: str) -> str:
         """Worker → batchers: a worker of this pool has a free slot and an empty queue."""
         return (
@@ -112,6 +124,14 @@ class Subjects:
         """Prefix of reply subjects owned by one gateway instance."""
         return f"{self.prefix}.reply.{subject_token(instance)}"
 
+    def shadow_inbox(self, instance: str) -> str:
+        """Prefix of the subjects one router instance receives shadow-compare replies on.
+
+        Under the reply namespace, so whoever may answer a request may answer
+        it (NATS permissions), yet never inside a gateway's ``<inbox>.*``.
+        """
+        return f"{self.prefix}.reply.{subject_token(instance)}.shadow"
+
     # --- control plane -------------------------------------------------------
     def events(self, model: str) -> str:
         """Registry lifecycle events for one model."""
@@ -122,6 +142,15 @@ class Subjects:
         """Wildcard for every registry event."""
         return f"{self.prefix}.events.registry.*"
 
+    def load_hint(self, model: str, version: str) -> str:
+        """Gateway → workers: a request wants this lazy version; load it."""
+        return f"{self.prefix}.loadhint.{subject_token(model)}.{subject_token(version)}"
+
+    @property
+    def load_hint_all(self) -> str:
+        """Wildcard every worker subscribes to (no queue group: every worker of the pool loads)."""
+        return f"{self.prefix}.loadhint.*.*"
+
     def audit(self, model: str) -> str:
         """Gateway → audit trail: one JSON record per answered request (`AuditRecord`)."""
         return f"{self.prefix}.audit.{subject_token(model)}"
@@ -130,6 +159,23 @@ class Subjects:
     def audit_all(self) -> str:
         """Subjects captured by the audit stream."""
         return f"{self.prefix}.audit.>"
+
+    @property
+    def audit_records_all(self) -> str:
+        """Wildcard of the audit records alone (one token per model, no payloads)."""
+        return f"{self.prefix}.audit.*"
+
+    def audit_payload(self, model: str, version: str) -> str:
+        """Gateway → audit stream: captured request/answer tensors (`inferbus_common.capture`).
+
+        One subject per model version, so replay reads only the version it replays.
+        """
+        return f"{self.prefix}.audit.payload.{subject_token(model)}.{subject_token(version)}"
+
+    @property
+    def audit_payload_all(self) -> str:
+        """Wildcard of every captured payload."""
+        return f"{self.prefix}.audit.payload.>"
 
     @property
     def batch_stream(self) -> str:
@@ -156,9 +202,29 @@ class Subjects:
         return f"{self.prefix}_models"
 
     @property
+    def profiles_bucket(self) -> str:
+        """KV bucket: model.version → the version's drift reference (``profile.json``)."""
+        return f"{self.prefix}_profiles"
+
+    @property
+    def drift_bucket(self) -> str:
+        """KV bucket: model.version → latest drift statistics (`drift.DriftReport`)."""
+        return f"{self.prefix}_drift"
+
+    @property
     def workers_bucket(self) -> str:
         """KV bucket: worker id → heartbeat with the versions it serves."""
         return f"{self.prefix}_workers"
+
+    @property
+    def rollouts_bucket(self) -> str:
+        """KV bucket: model → its latest progressive rollout (state machine record)."""
+        return f"{self.prefix}_rollouts"
+
+    @property
+    def pools_bucket(self) -> str:
+        """KV bucket: pool → quota and release state (`PoolSpec`)."""
+        return f"{self.prefix}_pools"
 
     @staticmethod
     def model_key(model: str, version: str | None = None) -> str:

@@ -18,6 +18,10 @@ Micro-batch (one JetStream message)::
     str = u16 length | utf-8 bytes
 
 Entries are in row order: request i owns rows [offset_i, offset_i + rows_i).
+
+A micro-batch in which some entry has a mirror subject (shadow comparison,
+``Ib-Mirror``) starts with ``b"IBB2"`` instead, and each entry ends with one
+more ``str mirror_subject``; batches without one stay byte-identical to IBB1.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from inferbus_common.errors import InvalidArgument
 
 TENSOR_MAGIC = b"IBT1"
 BATCH_MAGIC = b"IBB1"
+BATCH_MAGIC_MIRROR = b"IBB2"
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -121,6 +126,7 @@ class BatchEntry:
         rows: how many rows of the batch belong to this request.
         outputs: requested output names (empty = all).
         traceparent: W3C trace context of the request.
+        mirror: subject the reply is also published to ('' = none).
     """
 
     request_id: str
@@ -130,6 +136,7 @@ class BatchEntry:
     rows: int
     outputs: tuple[str, ...] = ()
     traceparent: str = ""
+    mirror: str = ""
 
 
 @dataclass(slots=True)
@@ -161,13 +168,17 @@ def _get_str(view: memoryview, offset: int) -> tuple[str, int]:
 
 def encode_batch(entries: Sequence[BatchEntry], tensors: Sequence[Tensor]) -> bytes:
     """Encode a micro-batch (entries in row order, then the joined tensors)."""
-    parts: list[bytes] = [BATCH_MAGIC, _U32.pack(len(entries))]
+    mirrored = any(e.mirror for e in entries)
+    magic = BATCH_MAGIC_MIRROR if mirrored else BATCH_MAGIC
+    parts: list[bytes] = [magic, _U32.pack(len(entries))]
     for e in entries:
         _put_str(parts, e.request_id)
         _put_str(parts, e.reply)
         parts.append(_ENTRY_NUMS.pack(e.deadline_ns, e.enqueued_ns, e.rows))
         _put_str(parts, ",".join(e.outputs))
         _put_str(parts, e.traceparent)
+        if mirrored:
+            _put_str(parts, e.mirror)
     parts.append(encode_tensors(tensors))
     return b"".join(parts)
 
@@ -176,7 +187,8 @@ def decode_batch(data: Buffer) -> MicroBatch:
     """Decode a micro-batch; tensor data are zero-copy slices of `data`."""
     view = memoryview(data).cast("B")
     try:
-        if bytes(view[:4]) != BATCH_MAGIC:
+        magic = bytes(view[:4])
+        if magic != BATCH_MAGIC and magic != BATCH_MAGIC_MIRROR:
             raise FrameError("not an inferbus micro-batch (bad magic)")
         (n,) = _U32.unpack_from(view, 4)
         offset = 8
@@ -188,9 +200,19 @@ def decode_batch(data: Buffer) -> MicroBatch:
             offset += _ENTRY_NUMS.size
             outs, offset = _get_str(view, offset)
             tp, offset = _get_str(view, offset)
+            mirror = ""
+            if magic == BATCH_MAGIC_MIRROR:
+                mirror, offset = _get_str(view, offset)
             entries.append(
                 BatchEntry(
-                    rid, reply, deadline, enqueued, rows, tuple(o for o in outs.split(",") if o), tp
+                    rid,
+                    reply,
+                    deadline,
+                    enqueued,
+                    rows,
+                    tuple(o for o in outs.split(",") if o),
+                    tp,
+                    mirror,
                 )
             )
     except (struct.error, UnicodeDecodeError) as exc:

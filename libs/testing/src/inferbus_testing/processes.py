@@ -63,6 +63,8 @@ class ServiceProcess:
         args: extra command-line arguments.
         log_dir: where the log and ports file go; a temp dir when None.
         name: label for the log file and errors; defaults to the module name.
+        python: interpreter to run the module with (default: this one), e.g. the
+            separate vLLM environment's for the LLM worker.
     """
 
     def __init__(
@@ -74,8 +76,10 @@ class ServiceProcess:
         args: Sequence[str] = (),
         log_dir: Path | None = None,
         name: str | None = None,
+        python: str | None = None,
     ) -> None:
         self.module = module
+        self.python = python or sys.executable
         self.name = name or module
         self.env_prefix = env_prefix or module.split(".", 1)[0].upper() + "_"
         self.args = tuple(args)
@@ -152,7 +156,7 @@ class ServiceProcess:
         with self.log_path.open("ab") as log:
             # Own session: signals reach the service and its children, never pytest.
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", self.module, *self.args],
+                [self.python, "-m", self.module, *self.args],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

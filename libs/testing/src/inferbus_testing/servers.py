@@ -434,7 +434,8 @@ class RedisServer(_Server):
         try:
             with socket.create_connection((HOST, port), timeout=1.0) as sock:
                 sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
+                # A server with a password answers, but refuses: still serving.
+                return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
 

@@ -114,6 +114,10 @@ class LocalStack:
         proc.start()
         return proc
 
+    def _nats_args(self) -> list[str]:
+        """Extra nats-server arguments (a subclass adds its configuration file)."""
+        return []
+
     def _worker_env(self, name: str) -> dict[str, str]:
         return {
             "INFERBUS_WORKER_REGISTRY_URL": self.registry_url,
@@ -123,7 +127,7 @@ class LocalStack:
     def start(self) -> Self:
         """Start every server and service; return once all are ready."""
         self.base.mkdir(parents=True, exist_ok=True)
-        self.nats = NatsServer(self.base / "nats")
+        self.nats = NatsServer(self.base / "nats", extra_args=self._nats_args())
         self.nats.start()
         if self.redis is not None:
             self.redis.start()
@@ -144,7 +148,12 @@ class LocalStack:
         self._spawn(
             "gateway",
             "inferbus_gateway",
-            {"INFERBUS_GATEWAY_HTTP_PORT": "0", "INFERBUS_GATEWAY_GRPC_PORT": "0"},
+            {
+                "INFERBUS_GATEWAY_HTTP_PORT": "0",
+                "INFERBUS_GATEWAY_GRPC_PORT": "0",
+                # Triton's repository extension calls the registry.
+                "INFERBUS_GATEWAY_REGISTRY_URL": self.registry_url,
+            },
         )
         for proc in self.procs.values():
             proc.wait_ready()

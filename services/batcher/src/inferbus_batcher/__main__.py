@@ -7,7 +7,7 @@ import logging
 
 from inferbus_batcher.service import Batcher
 from inferbus_batcher.settings import BatcherSettings
-from inferbus_common import lifecycle
+from inferbus_common import lifecycle, tracing
 from inferbus_common.logs import setup_logging
 from inferbus_common.ops import bind_socket, ops_app, serve_http, write_ports_file
 
@@ -35,7 +35,11 @@ def main() -> None:
     """Build the settings once, set up logging and run the service."""
     settings = BatcherSettings()
     setup_logging("batcher", settings.log_level, settings.log_format)
-    lifecycle.run(lambda: serve(settings), use_uvloop=settings.use_uvloop)
+    tracing.setup_tracing("batcher", settings, settings.instance_id)
+    try:
+        lifecycle.run(lambda: serve(settings), use_uvloop=settings.use_uvloop)
+    finally:
+        tracing.shutdown_tracing()
 
 
 if __name__ == "__main__":

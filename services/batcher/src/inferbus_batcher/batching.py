@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from inferbus_common.codec import Tensor
 from inferbus_common.errors import InvalidArgument, ResourceExhausted
@@ -52,6 +53,7 @@ class PendingRequest:
         tensors: its input tensors (zero-copy views of the message body).
         outputs: requested output names (empty = all).
         traceparent: W3C trace context.
+        mirror: subject the worker also sends the reply to (shadow compare).
     """
 
     request_id: str
@@ -65,6 +67,9 @@ class PendingRequest:
     tensors: list[Tensor] = field(repr=False)
     outputs: tuple[str, ...] = ()
     traceparent: str = ""
+    mirror: str = ""
+    span: Any = field(default=None, repr=False, compare=False)
+    """The request's trace span while it waits (only when sampled)."""
 
     def entry(self) -> BatchEntry:
         """This request's entry in a micro-batch header."""
@@ -76,6 +81,7 @@ class PendingRequest:
             self.rows,
             self.outputs,
             self.traceparent,
+            self.mirror,
         )
 
 

@@ -25,6 +25,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import nats.errors
 import nats.js.errors
@@ -42,6 +43,7 @@ from inferbus_batcher.metrics import (
 )
 from inferbus_batcher.settings import BatcherSettings
 from inferbus_common import headers as h
+from inferbus_common import tracing
 from inferbus_common.bus import connect, ensure_batch_stream
 from inferbus_common.catalog import Catalog
 from inferbus_common.errors import (
@@ -58,7 +60,12 @@ from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.subjects import Subjects, name_from_token
 from inferbus_common.wire import batch_signature, decode_tensors, encode_batch, join_tensors
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
 log = logging.getLogger(__name__)
+
+QUEUE_SPAN = "inferbus.batcher.queue"
 
 # nats-server answers a store refused by stream limits (max bytes / msgs,
 # discard-new) with this JetStream error code ("maximum ... exceeded").
@@ -126,6 +133,7 @@ class Batcher:
         self._catalog: Catalog | None = None
         self._catalog_loaded = False
         self._stream_ready = False
+        self._stream_lock = asyncio.Lock()
         self._sub: Subscription | None = None
         self._idle_sub: Subscription | None = None
         self._queues: dict[tuple[str, str], _QueueState] = {}
@@ -155,15 +163,9 @@ class Batcher:
 
     async def _start(self) -> None:
         s = self._settings
-        self._nc = await connect(s.nats_url, self.instance_id)
+        self._nc = await connect(s.nats_url, self.instance_id, **s.nats_auth())
         self._js = self._nc.jetstream()
-        await ensure_batch_stream(
-            self._js,
-            self._subjects,
-            storage=s.stream_storage,
-            max_bytes=s.stream_max_bytes,
-            max_msgs_per_subject=s.stream_max_msgs_per_subject,
-        )
+        await self._ensure_stream()
         self._stream_ready = True
         self._catalog = Catalog(self._js, self._subjects)
         await self._catalog.__aenter__()
@@ -181,6 +183,34 @@ class Batcher:
         await self._nc.flush()
         log.info("batcher %s serving", self.instance_id, extra={"nats_url": s.nats_url})
 
+    async def _ensure_stream(self) -> None:
+        s = self._settings
+        assert self._js is not None
+        await ensure_batch_stream(
+            self._js,
+            self._subjects,
+            storage=s.stream_storage,
+            max_bytes=s.stream_max_bytes,
+            max_msgs_per_subject=s.stream_max_msgs_per_subject,
+        )
+
+    async def _restore_stream(self) -> bool:
+        """Create the work-queue stream again after it vanished; True when it exists now.
+
+        A memory-storage stream does not survive a nats-server restart (the
+        key-value buckets, on file storage, do). Without this the batcher
+        would refuse every micro-batch until it is restarted itself.
+        One restore at a time; concurrent publishes wait for it.
+        """
+        async with self._stream_lock:
+            try:
+                await self._ensure_stream()
+            except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
+                log.warning("work-queue stream could not be restored: %s", exc)
+                return False
+        log.info("work-queue stream %s restored", self._subjects.batch_stream)
+        return True
+
     def ready(self) -> tuple[bool, str]:
         """Readiness for /readyz: NATS connected, catalog loaded, stream present."""
         if self._nc is None or not self._nc.is_connected:
@@ -189,6 +219,8 @@ class Batcher:
             return False, "micro-batch stream not ensured yet"
         if not self._catalog_loaded:
             return False, "catalog not loaded yet"
+        if self._sub is None and not self._draining:
+            return False, "not subscribed to requests yet"
         if self._draining:
             return False, "draining"
         return True, "ok"
@@ -267,20 +299,40 @@ class Batcher:
             log.warning("request without %s dropped", h.REPLY, extra={"request_id": request_id})
             return
         state: _QueueState | None = None
+        span = self._start_span(hdrs, request_id) if tracing.enabled() else None
         try:
             state = self._queue_for(msg, hdrs)
-            state.queue.offer(self._admit(state, msg, hdrs, request_id, reply))
+            pending = self._admit(state, msg, hdrs, request_id, reply)
+            pending.span = span
+            state.queue.offer(pending)
         except InferbusError as exc:
+            tracing.end_span(span, exc.code.name, exc.message)
             await self._refuse(state, hdrs, request_id, reply, exc)
             return
         except Exception:
             # A bug must still get the request one answer, without leaking details.
+            tracing.end_span(span, "INTERNAL", "batcher failed to accept the request")
             log.exception("failed to accept a request", extra={"request_id": request_id})
             await self._refuse(
                 state, hdrs, request_id, reply, Internal("batcher failed to accept the request")
             )
             return
         await self._service(state)
+
+    @staticmethod
+    def _start_span(hdrs: dict[str, str], request_id: str) -> Span | None:
+        """The request's batcher span (intake to micro-batch stored), when sampled.
+
+        Its context replaces the request's ``traceparent``, so the micro-batch
+        entry carries it to the worker.
+        """
+        span = tracing.start_child_span(QUEUE_SPAN, hdrs.get(h.TRACEPARENT, ""))
+        if span is not None:
+            span.set_attribute("inferbus.model", hdrs.get(h.MODEL, ""))
+            span.set_attribute("inferbus.version", hdrs.get(h.VERSION, ""))
+            span.set_attribute("inferbus.request_id", request_id)
+            hdrs[h.TRACEPARENT] = tracing.traceparent_of(span)
+        return span
 
     async def _on_idle(self, msg: Msg) -> None:
         """A worker has a free slot and found its queue empty: stop waiting for fills.
@@ -378,6 +430,7 @@ class Batcher:
             tensors=tensors,
             outputs=outputs,
             traceparent=hdrs.get(h.TRACEPARENT, ""),
+            mirror=hdrs.get(h.MIRROR, ""),
         )
 
     def _new_queue(self, model: str, version: str, config: ModelConfig) -> _QueueState:
@@ -554,6 +607,13 @@ class Batcher:
             )
             return
         state.metrics.published.inc()
+        if tracing.enabled():
+            for p in batch.requests:
+                if p.span is not None:
+                    p.span.set_attribute("inferbus.batch_requests", len(batch.requests))
+                    p.span.set_attribute("inferbus.batch_rows", batch.rows)
+                    tracing.end_span(p.span)
+                    p.span = None
         state.metrics.batch_rows.observe(batch.rows)
         state.metrics.batch_requests.observe(len(batch.requests))
 
@@ -591,6 +651,8 @@ class Batcher:
                     "work-queue-error",
                 ) from None
             except nats.js.errors.NoStreamResponseError:
+                if attempt < s.publish_attempts and await self._restore_stream():
+                    continue
                 raise _PublishFailed(
                     StatusCode.UNAVAILABLE,
                     f"no JetStream stream answers for {where}",
@@ -615,6 +677,11 @@ class Batcher:
         if not requests:
             return
         state.metrics.rejected(reason, len(requests))
+        if tracing.enabled():
+            for p in requests:
+                if p.span is not None:
+                    tracing.end_span(p.span, code.name, message)
+                    p.span = None
         version = state.queue.version
         for p in requests:
             await self._answer(

@@ -2,24 +2,44 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 import grpc
+import nats.errors
+from nats.aio.client import Client
+from prometheus_client import REGISTRY
+from prometheus_client.registry import Collector
 
-from inferbus_common import __version__, lifecycle, ops
+from inferbus_common import __version__, lifecycle, ops, tracing
+from inferbus_common.audittrail import ensure_audit_stream
 from inferbus_common.bus import connect, shutdown
 from inferbus_common.catalog import Catalog
+from inferbus_common.grpcauth import read_secret
 from inferbus_common.logs import setup_logging
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission import Admission
+from inferbus_gateway.capture import PayloadCapture
 from inferbus_gateway.dispatch import Dispatcher
+from inferbus_gateway.drift import DriftMonitor
+from inferbus_gateway.generation import GenerationDispatcher, GenerationService
 from inferbus_gateway.grpc_api.servicer import GRPCInferenceServicer
+from inferbus_gateway.grpc_api.tolerant import add_servicer_to_server
+from inferbus_gateway.lazyload import LazyLoader
+from inferbus_gateway.repository import RepositoryExtension
 from inferbus_gateway.rest.app import rest_app
 from inferbus_gateway.service import InferenceService
 from inferbus_gateway.settings import GatewaySettings
-from inferbus_proto.v2 import grpc_predict_v2_pb2_grpc as pb_grpc
+from inferbus_gateway.slo import ModelSloCollector
 
 log = logging.getLogger("inferbus_gateway")
+
+
+def _register(collector: Collector) -> Collector:
+    """Add a collector to the default registry (served on /metrics) and return it."""
+    REGISTRY.register(collector)
+    return collector
 
 
 async def serve(settings: GatewaySettings) -> None:
@@ -27,14 +47,42 @@ async def serve(settings: GatewaySettings) -> None:
     stop = lifecycle.stop_event_on_signals()
     instance = settings.instance_id or lifecycle.default_instance_id("gateway")
     subjects = Subjects(settings.subject_prefix)
-    nc = await connect(settings.nats_url, instance)
+    nc = await connect(settings.nats_url, instance, **settings.nats_auth())
     try:
         async with (
+            contextlib.AsyncExitStack() as stack,
             Catalog(nc.jetstream(), subjects) as catalog,
             Admission.from_settings(settings, instance) as admission,
+            PayloadCapture(
+                nc,
+                subjects,
+                rate=settings.capture_rate,
+                models=settings.capture_models,
+                max_bytes=settings.capture_max_bytes,
+            ) as capture,
+            DriftMonitor(
+                nc,
+                catalog,
+                subjects,
+                rate=settings.drift_sample_rate,
+                window_rows=settings.drift_window_rows,
+                min_rows=settings.drift_min_rows,
+                interval_s=settings.drift_interval_s,
+            ) as drift,
         ):
+            await _ensure_audit_stream(nc, subjects, settings)
+            stack.callback(REGISTRY.unregister, _register(ModelSloCollector(catalog)))
+            lazy = LazyLoader(nc, catalog, subjects, max_wait_s=settings.lazy_load_max_wait_s)
             dispatcher = Dispatcher(nc, subjects, instance)
             await dispatcher.start()
+            gen_dispatcher = GenerationDispatcher(nc, subjects, instance)
+            await gen_dispatcher.start()
+            generation = GenerationService(
+                catalog,
+                gen_dispatcher,
+                admission=admission,
+                default_timeout_s=settings.generation_max_timeout_s,
+            )
             service = InferenceService(
                 nc,
                 catalog,
@@ -46,9 +94,19 @@ async def serve(settings: GatewaySettings) -> None:
                 admission=admission,
                 audit_subjects=subjects if settings.audit_enabled else None,
                 instance=instance,
+                observers=[o.observe for o in (capture, drift) if o.enabled],
+                lazy=lazy,
             )
             await catalog.wait_loaded()
             service.catalog_loaded = True
+            repository = RepositoryExtension(
+                catalog,
+                settings.registry_url,
+                service.authorize,
+                load_timeout_s=settings.repository_load_timeout_s,
+                lazy=lazy,
+                registry_token=read_secret(None, settings.registry_token_file),
+            )
 
             server = grpc.aio.server(
                 options=[
@@ -57,17 +115,35 @@ async def serve(settings: GatewaySettings) -> None:
                     ("grpc.so_reuseport", 0),
                 ]
             )
-            pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-                GRPCInferenceServicer(service), server
+            add_servicer_to_server(
+                GRPCInferenceServicer(
+                    service, access_log=settings.access_log, repository=repository
+                ),
+                server,
             )
-            grpc_port = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+            grpc_addr = f"{settings.host}:{settings.grpc_port}"
+            credentials = _grpc_tls(settings)
+            if credentials is None:
+                grpc_port = server.add_insecure_port(grpc_addr)
+            else:
+                grpc_port = server.add_secure_port(grpc_addr, credentials)
             await server.start()
             http_sock = ops.bind_socket(settings.host, settings.http_port)
             metrics_sock = ops.bind_socket(settings.host, settings.metrics_port)
             try:
                 async with (
                     ops.serve_http(
-                        rest_app(service, settings.max_message_bytes), http_sock
+                        rest_app(
+                            service,
+                            settings.max_message_bytes,
+                            access_log=settings.access_log,
+                            repository=repository,
+                            generation=generation,
+                        ),
+                        http_sock,
+                        tls_cert_file=settings.tls_cert_file,
+                        tls_key_file=settings.tls_key_file,
+                        tls_client_ca_file=settings.tls_client_ca_file,
                     ) as http_server,
                     ops.serve_http(ops.ops_app(service.ready), metrics_sock),
                 ):
@@ -84,15 +160,54 @@ async def serve(settings: GatewaySettings) -> None:
                     await server.stop(settings.drain_timeout_s)
             finally:
                 await dispatcher.stop()
+                await gen_dispatcher.stop()
+                await repository.close()
     finally:
         await shutdown(nc, settings.drain_timeout_s)
+
+
+async def _ensure_audit_stream(nc: Client, subjects: Subjects, settings: GatewaySettings) -> None:
+    """Create the audit stream (or update its limits) before serving; a failure only warns.
+
+    Records and captures are plain publishes, so without the stream they are
+    simply not kept: the gateway serves either way.
+    """
+    if not (settings.audit_enabled or settings.capture_rate > 0):
+        return
+    try:
+        async with asyncio.timeout(5.0):
+            await ensure_audit_stream(
+                nc.jetstream(),
+                subjects,
+                max_age_s=settings.audit_stream_max_age_s,
+                max_bytes=settings.audit_stream_max_bytes,
+                storage=settings.audit_stream_storage,
+            )
+    except (TimeoutError, nats.errors.Error) as exc:
+        log.warning("audit stream %s not ensured: %s", subjects.audit_stream, exc)
+
+
+def _grpc_tls(settings: GatewaySettings) -> grpc.ServerCredentials | None:
+    """Server TLS credentials from the settings (None: serve plaintext)."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    ca = settings.tls_client_ca_file.read_bytes() if settings.tls_client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(settings.tls_key_file.read_bytes(), settings.tls_cert_file.read_bytes())],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
 
 
 def main() -> None:
     """Build settings once, set up logging and run the gateway."""
     settings = GatewaySettings()
     setup_logging("gateway", settings.log_level, settings.log_format)
-    lifecycle.run(lambda: serve(settings), use_uvloop=settings.use_uvloop)
+    tracing.setup_tracing("gateway", settings, settings.instance_id)
+    try:
+        lifecycle.run(lambda: serve(settings), use_uvloop=settings.use_uvloop)
+    finally:
+        tracing.shutdown_tracing()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ class InferRequest:
     traceparent: str = ""
     tenant: str = ""
     """Set by admission control from the authenticated caller."""
+    sticky_key: str = ""
+    """Value of the client header the model's route is sticky on (``header:<Name>``)."""
 
 
 @dataclass(slots=True)

@@ -22,6 +22,9 @@ from inferbus_common.errors import DeadlineExceeded, Unavailable
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import encode_tensors
 
+_NATS_STATUS = "Status"
+_NO_RESPONDERS = "503"
+
 DUPLICATE_REPLIES = Counter(
     "inferbus_gateway_duplicate_replies_total",
     "Replies dropped because the request was already answered (or given up).",
@@ -75,6 +78,17 @@ class Dispatcher:
         if fut is None or fut.done():
             DUPLICATE_REPLIES.inc()
             return
+        if not msg.data and (msg.headers or {}).get(_NATS_STATUS) == _NO_RESPONDERS:
+            # nats-server's own answer: nobody subscribes to the route subject
+            # (every router is down or restarting). Nothing was computed: say
+            # so now instead of waiting out the deadline.
+            fut.set_exception(
+                Unavailable(
+                    "no router is serving requests right now (restarting?); "
+                    "nothing was computed, safe to retry"
+                )
+            )
+            return
         fut.set_result(msg)
 
     async def call(
@@ -89,6 +103,7 @@ class Dispatcher:
         priority: int = 0,
         traceparent: str = "",
         tenant: str = "",
+        sticky_key: str = "",
     ) -> Msg:
         """Publish a request and wait for its reply until `deadline_ns`.
 
@@ -115,6 +130,8 @@ class Dispatcher:
             headers[h.TRACEPARENT] = traceparent
         if tenant:
             headers[h.TENANT] = tenant
+        if sticky_key:
+            headers[h.STICKY_KEY] = sticky_key
         try:
             await self._nc.publish(
                 self._subjects.route(model), encode_tensors(tensors), reply=reply, headers=headers

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
@@ -16,6 +16,7 @@ from inferbus_common.audit import encode_record
 from inferbus_common.catalog import Catalog, DeployedVersion
 from inferbus_common.errors import (
     DeadlineExceeded,
+    FailedPrecondition,
     InferbusError,
     InvalidArgument,
     NotFound,
@@ -30,6 +31,7 @@ from inferbus_gateway.admission import Admission, BreakerOpen, fallback_outputs
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.dispatch import Dispatcher
 from inferbus_gateway.idempotency import IdempotencyCache
+from inferbus_gateway.lazyload import LazyLoader
 
 REQUESTS = Counter(
     "inferbus_gateway_requests_total",
@@ -102,6 +104,8 @@ class InferenceService:
         default_timeout_s: deadline for requests that bring none.
         idempotency_window_s: how long a retried request id replays its answer.
         admission: authentication, limits, quotas and breakers (None: admit all).
+        lazy: load hints for ``load_policy: lazy`` versions (None: lazy versions
+            are refused as not ready).
     """
 
     def __init__(
@@ -117,6 +121,8 @@ class InferenceService:
         admission: Admission | None = None,
         audit_subjects: Subjects | None = None,
         instance: str = "",
+        observers: Sequence[Callable[[InferRequest, InferResponse], None]] = (),
+        lazy: LazyLoader | None = None,
     ) -> None:
         self._nc = nc
         self._catalog = catalog
@@ -129,6 +135,9 @@ class InferenceService:
         self._admission = admission
         self._audit_subjects = audit_subjects
         self._instance = instance
+        self._lazy = lazy
+        self._observers = tuple(observers)
+        """Called with every request answered by its model (payload capture, drift)."""
 
     # --- health and metadata ---------------------------------------------------
     def live(self) -> bool:
@@ -227,6 +236,10 @@ class InferenceService:
                     headers or {}, model=request.model, interface="ModelInfer"
                 )
                 request.tenant = principal.tenant
+            route = self._catalog.routes.get(request.model)
+            if headers and route is not None and route.sticky.startswith("header:"):
+                # The router hashes it; client header names are case-insensitive.
+                request.sticky_key = headers.get(route.sticky[7:].lower(), "")
             try:
                 response = await self._idempotency.run(
                     request, lambda: self._infer(request, t0, outcome)
@@ -253,7 +266,16 @@ class InferenceService:
         outcome.version, outcome.digest = response.version, response.digest
         outcome.timings_ms = response.timings_ms
         await self._audit(request, protocol, outcome, "OK", "", t0)
+        self._observe(request, response)
         return response
+
+    def _observe(self, request: InferRequest, response: InferResponse) -> None:
+        """Hand an answered request to the observers; they must never fail it."""
+        for observe in self._observers:
+            try:
+                observe(request, response)
+            except Exception as exc:  # observation never fails a request
+                log.warning("request observer failed: %s", exc)
 
     async def _audit(
         self,
@@ -359,17 +381,34 @@ class InferenceService:
             raise InvalidArgument(f"request id is longer than {MAX_REQUEST_ID} characters")
         request_id = request.id or (outcome.request_id if outcome else "") or uuid.uuid4().hex
         dv = self.resolve(request.model, request.version)
+        if dv.config.generative:
+            raise FailedPrecondition(
+                f"model '{dv.model}' is generative; call it with the OpenAI-compatible "
+                "API (POST /v1/chat/completions or /v1/completions)"
+            )
         dv.config.validate_request(request.inputs, request.outputs)
+        timeout_s = request.timeout_s
+        if timeout_s is None:
+            timeout_s = dv.config.batching.default_timeout_ms / 1000.0
+            timeout_s = min(timeout_s, self._default_timeout_s)
         state = self._catalog.version_state(dv.model, dv.version)
+        if self._lazy is not None:
+            await self._lazy.hint_traffic(dv.model)  # lazy canary/shadow versions
+            if state != "ready" and dv.config.load_policy == "lazy":
+                # The first request of a lazy version triggers its load (lazyload.py).
+                t_wait = time.perf_counter()
+                state = await self._lazy.request_wait(dv.model, dv.version, timeout_s)
+                timeout_s = max(0.001, timeout_s - (time.perf_counter() - t_wait))
+                if state != "ready":
+                    raise Unavailable(
+                        f"model '{dv.model}' version '{dv.version}' is loading "
+                        f"(load_policy lazy; {state}); retry in a few seconds"
+                    )
         if state != "ready":
             raise Unavailable(
                 f"model '{dv.model}' version '{dv.version}' is not ready ({state}); "
                 "check `inferbus status` and the worker logs"
             )
-        timeout_s = request.timeout_s
-        if timeout_s is None:
-            timeout_s = dv.config.batching.default_timeout_ms / 1000.0
-            timeout_s = min(timeout_s, self._default_timeout_s)
         deadline_ns = h.deadline_from_timeout(timeout_s)
         t_sent = time.perf_counter()
         msg = await self._dispatcher.call(
@@ -382,6 +421,7 @@ class InferenceService:
             priority=request.priority,
             traceparent=request.traceparent,
             tenant=request.tenant,
+            sticky_key=request.sticky_key,
         )
         t_back = time.perf_counter()
         headers = msg.headers or {}

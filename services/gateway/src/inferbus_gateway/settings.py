@@ -24,10 +24,23 @@ class GatewaySettings(ServiceSettings):
     """/metrics, /healthz, /readyz."""
     default_timeout_s: float = Field(default=30.0, gt=0)
     """Deadline for requests that bring none and whose model sets none."""
+    generation_max_timeout_s: float = Field(default=120.0, gt=0)
+    """Longest deadline of a generative request (OpenAI endpoints) that brings none:
+    the model's ``generation.default_timeout_ms``, capped at this."""
     max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     """Largest request accepted (gRPC message or HTTP body)."""
     redis_url: str = ""
     """Redis for cluster-wide limits and quotas; empty disables them."""
+    redis_password: SecretStr | None = None
+    """Redis password (AUTH), when not in the URL; prefer `redis_password_file`."""
+    redis_password_file: Path | None = None
+    """File holding the Redis password (e.g. a mounted secret)."""
+    tls_cert_file: Path | None = None
+    """PEM certificate (chain) for gRPC and HTTP; with `tls_key_file`, both serve TLS only."""
+    tls_key_file: Path | None = None
+    """PEM private key of `tls_cert_file`."""
+    tls_client_ca_file: Path | None = None
+    """CA bundle of client certificates; when set, clients must present one (mutual TLS)."""
     idempotency_window_s: float = Field(default=30.0, ge=0)
     """A retry with the same request id and inputs within this window gets the
     first answer instead of being computed again (0 disables)."""
@@ -36,6 +49,46 @@ class GatewaySettings(ServiceSettings):
     (read by the rollout controller, health-aware routing and the audit stream)."""
     server_name: str = "inferbus"
     """Name reported by ServerMetadata."""
+    registry_url: str = ""
+    """Registry gRPC ``host:port`` for Triton's model repository extension
+    (``/v2/repository/...``, RepositoryIndex/Load/Unload); empty: those calls
+    answer UNAVAILABLE."""
+    registry_token_file: Path | None = None
+    """File holding the registry's admin token (repository load/unload change what is
+    served), when the registry requires one."""
+    repository_load_timeout_s: float = Field(default=60.0, gt=0)
+    """How long a repository load waits for a worker to report the model ready."""
+    lazy_load_max_wait_s: float = Field(default=30.0, ge=0)
+    """Longest a request for a ``load_policy: lazy`` version waits for its load (also
+    capped at half the request's deadline) before UNAVAILABLE "loading, retry"."""
+
+    # --- audit stream, payload capture, drift (capture.py, drift.py) --------------
+    audit_stream_max_age_s: float = Field(default=7 * 24 * 3600.0, ge=0)
+    """Retention of the audit stream (``<PREFIX>_AUDIT``) by age; 0 = no age limit."""
+    audit_stream_max_bytes: int = Field(default=1 << 30, ge=-1)
+    """Size bound of the audit stream; the oldest records go first (-1 = none)."""
+    audit_stream_storage: Literal["file", "memory"] = "file"
+    """Where NATS keeps the audit stream."""
+    capture_rate: float = Field(default=0.0, ge=0, le=1)
+    """Fraction of answered requests whose input and output tensors are captured into
+    the audit stream (``<prefix>.audit.payload.<model>.<version>``) for ``inferbus replay``;
+    0 disables capture."""
+    capture_models: list[str] = Field(default_factory=list)
+    """Capture only these models (JSON list; empty: every model)."""
+    capture_max_bytes: int = Field(default=512 * 1024, ge=1024)
+    """Requests whose inputs and outputs together are larger are not captured."""
+    drift_sample_rate: float = Field(default=0.0, ge=0, le=1)
+    """Fraction of answered requests of versions with a ``profile.json`` sampled into the
+    drift windows; 0 disables drift detection."""
+    drift_window_rows: int = Field(default=5000, ge=10)
+    """Rows kept per model/version/tensor in the sliding drift window."""
+    drift_min_rows: int = Field(default=200, ge=1)
+    """No drift statistic is computed over fewer rows."""
+    drift_interval_s: float = Field(default=15.0, gt=0)
+    """How often PSI and KS are recomputed (off the request path)."""
+    access_log: bool = True
+    """One JSON line per inference request at INFO (logger ``inferbus_gateway.access``):
+    request id, trace id, model, version, tenant, latency, status. Never headers or tensors."""
 
     # --- admission control (inferbus_gateway.admission) ---------------------------
     redis_key_prefix: str = Field(default="ib", pattern=r"^[A-Za-z0-9_.-]+$")
@@ -91,3 +144,15 @@ class GatewaySettings(ServiceSettings):
     """Cool-down of an open breaker before it lets probes through."""
     breaker_half_open_probes: int = Field(default=3, ge=1)
     """Probe requests let through when half-open; all must succeed to close."""
+
+    def redis_secret(self) -> str | None:
+        """The Redis password from `redis_password_file` or `redis_password` (None: none).
+
+        Raises:
+            OSError: the password file cannot be read.
+        """
+        if self.redis_password_file is not None:
+            return self.redis_password_file.read_text().strip()
+        if self.redis_password is not None:
+            return self.redis_password.get_secret_value()
+        return None

@@ -18,16 +18,24 @@ from nats.aio.client import Client
 
 from inferbus_common import bus
 from inferbus_common.errors import InferbusError, Unavailable
+from inferbus_common.grpcauth import TokenGuard, read_secret
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.ops import bind_socket, ops_app, serve_http, write_ports_file
 from inferbus_common.signing import load_private_key
 from inferbus_common.subjects import Subjects
 from inferbus_proto.registry import registry_pb2_grpc
+from inferbus_registry.pools import PoolBook
 from inferbus_registry.publisher import CatalogPublisher
 from inferbus_registry.repository import ModelRepository
+from inferbus_registry.rollout import RolloutController
 from inferbus_registry.service import NATS_ERRORS, RegistryService
 from inferbus_registry.settings import RegistrySettings
 from inferbus_registry.store import LocalStore, S3Store, Store
+
+READ_METHODS = frozenset(
+    {"ListModels", "GetVersion", "DownloadFile", "GetRoute", "GetRollout", "ListPools"}
+)
+"""Registry calls a reader token may make (the rest change what is served)."""
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +81,8 @@ class RegistryApp:
         self.subjects = Subjects(settings.subject_prefix)
         self.grpc_port = 0
         self.metrics_port = 0
+        self.pools: PoolBook | None = None
+        self.rollouts: RolloutController | None = None
         self._nc: Client | None = None
         self._server: grpc.aio.Server | None = None
         self._stack = contextlib.AsyncExitStack()
@@ -149,7 +159,7 @@ class RegistryApp:
         self._store_ok = True
 
         name = settings.instance_id or default_instance_id("registry")
-        self._nc = await bus.connect(settings.nats_url, name)
+        self._nc = await bus.connect(settings.nats_url, name, **settings.nats_auth())
         self._stack.push_async_callback(self._close_nats)
 
         publisher = CatalogPublisher(self._nc, self.subjects)
@@ -161,14 +171,39 @@ class RegistryApp:
         await self._stack.enter_async_context(serve_http(ops_app(self.ready), sock))
 
         max_msg = settings.grpc_max_message_bytes
+        guard = TokenGuard(
+            admin_token=read_secret(
+                settings.admin_token.get_secret_value() if settings.admin_token else None,
+                settings.admin_token_file,
+            ),
+            reader_token=read_secret(
+                settings.reader_token.get_secret_value() if settings.reader_token else None,
+                settings.reader_token_file,
+            ),
+            read_methods=READ_METHODS,
+        )
         server = grpc.aio.server(
+            interceptors=[guard],
             options=[
                 ("grpc.max_receive_message_length", max_msg),
                 ("grpc.max_send_message_length", max_msg),
-            ]
+            ],
         )
+        self.pools = PoolBook(self._nc, self.subjects)
+        self.rollouts = RolloutController(
+            self._nc,
+            self.subjects,
+            self.repo,
+            publisher,
+            self.pools,
+            tick_s=settings.rollout_tick_s,
+            instance=name,
+        )
+        await self.rollouts.start()
+        self._stack.push_async_callback(self.rollouts.stop)
         registry_pb2_grpc.add_RegistryServicer_to_server(
-            RegistryService(self.repo, publisher), server
+            RegistryService(self.repo, publisher, rollouts=self.rollouts, pools=self.pools),
+            server,
         )
         self.grpc_port = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
         if self.grpc_port == 0:

@@ -30,6 +30,7 @@ from types import TracebackType
 
 import grpc
 
+from inferbus_common import grpcauth
 from inferbus_common.errors import InferbusError, Internal, InvalidArgument, error_from_status
 from inferbus_proto.registry import registry_pb2, registry_pb2_grpc
 
@@ -100,11 +101,13 @@ class RegistryClient:
         target: ``host:port`` of the registry's gRPC API.
         timeout_s: deadline of each call except push and download, which may
             move gigabytes and have none unless given.
+        token: the registry's admin or reader token, when it requires one.
     """
 
-    def __init__(self, target: str, *, timeout_s: float = 30.0) -> None:
-        self._channel = grpc.aio.insecure_channel(
+    def __init__(self, target: str, *, timeout_s: float = 30.0, token: str | None = None) -> None:
+        self._channel = grpcauth.aio_channel(
             target,
+            token,
             options=[
                 ("grpc.max_receive_message_length", _MAX_MESSAGE),
                 ("grpc.max_send_message_length", _MAX_MESSAGE),
@@ -209,6 +212,81 @@ class RegistryClient:
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
 
+    async def archive(
+        self, model: str, version: str, *, requested_by: str = ""
+    ) -> registry_pb2.ModelInfo:
+        """Archive a version (files kept, out of serving).
+
+        Raises:
+            NotFound: unknown model or version.
+            FailedPrecondition: the version is stable, an alias target, canary or shadow.
+        """
+        return await self._unary(
+            self._stub.ArchiveVersion,
+            registry_pb2.ArchiveVersionRequest(
+                model=model, version=version, requested_by=requested_by
+            ),
+        )
+
+    async def unarchive(
+        self, model: str, version: str, *, requested_by: str = ""
+    ) -> registry_pb2.ModelInfo:
+        """Make an archived version usable again.
+
+        Raises:
+            NotFound: unknown model or version.
+        """
+        return await self._unary(
+            self._stub.UnarchiveVersion,
+            registry_pb2.ArchiveVersionRequest(
+                model=model, version=version, requested_by=requested_by
+            ),
+        )
+
+    async def delete_version(
+        self, model: str, version: str, *, requested_by: str = ""
+    ) -> registry_pb2.ModelInfo:
+        """Delete a version's files and catalog entry.
+
+        Raises:
+            NotFound: unknown model or version.
+            FailedPrecondition: the version is in use (see `archive`).
+        """
+        return await self._unary(
+            self._stub.DeleteVersion,
+            registry_pb2.DeleteVersionRequest(
+                model=model, version=version, requested_by=requested_by
+            ),
+        )
+
+    async def set_serving(
+        self, model: str, serving: bool, version: str = "", *, requested_by: str = ""
+    ) -> registry_pb2.ModelInfo:
+        """Withdraw a model's route (``serving=False``) or publish it again.
+
+        Args:
+            model: model name.
+            serving: whether the model should be routed and loaded.
+            version: with ``serving=True``, make this version (or alias) stable first.
+            requested_by: who asks (recorded in the lifecycle event).
+
+        Raises:
+            NotFound: unknown model or version.
+            FailedPrecondition: the version is archived.
+        """
+        return await self._unary(
+            self._stub.SetServing,
+            registry_pb2.SetServingRequest(
+                model=model, serving=serving, version=version, requested_by=requested_by
+            ),
+        )
+
+    async def _unary(self, method, request):  # type: ignore[no-untyped-def]
+        try:
+            return await method(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+
     async def download(
         self,
         model: str,
@@ -270,3 +348,144 @@ class RegistryClient:
                 os.unlink(tmp_name)
             raise
         return dest
+
+    # --- release management: routes, rollouts, pools ------------------------------
+    async def _call(self, method, request):  # type: ignore[no-untyped-def]
+        try:
+            return await method(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+
+    async def get_route(self, model: str, *, history: int = 0) -> registry_pb2.RouteState:
+        """The model's route (``route_json``), its KV revision and `history` earlier ones.
+
+        Raises:
+            NotFound: unknown model, or a model without a route.
+        """
+        return await self._call(
+            self._stub.GetRoute, registry_pb2.GetRouteRequest(model=model, history=history)
+        )
+
+    async def set_traffic(
+        self,
+        model: str,
+        *,
+        canary: str | None = None,
+        canary_weight: float | None = None,
+        shadow: str | None = None,
+        shadow_rate: float | None = None,
+        sticky: str | None = None,
+        pool: str | None = None,
+        expected_kv_revision: int = 0,
+        updated_by: str = "",
+        change: str = "",
+    ) -> registry_pb2.RouteState:
+        """Change the traffic split; None keeps a field, '' clears canary/shadow/sticky.
+
+        Raises:
+            FailedPrecondition: `expected_kv_revision` is stale ("route changed,
+                re-read"), a rollout owns the canary, or the pool is frozen.
+            InvalidArgument: weight/rate out of range, canary equals stable.
+            NotFound: unknown model or version.
+        """
+        fields = {
+            "canary": canary,
+            "canary_weight": canary_weight,
+            "shadow": shadow,
+            "shadow_rate": shadow_rate,
+            "sticky": sticky,
+            "pool": pool,
+        }
+        request = registry_pb2.SetTrafficRequest(
+            model=model,
+            expected_kv_revision=expected_kv_revision,
+            updated_by=updated_by,
+            change=change,
+            **{k: v for k, v in fields.items() if v is not None},
+        )
+        return await self._call(self._stub.SetTraffic, request)
+
+    async def start_rollout(
+        self,
+        model: str,
+        version: str,
+        *,
+        steps: Iterable[float] = (5, 25, 50, 100),
+        interval_s: float = 60.0,
+        max_error_rate: float = 0.01,
+        max_p99_ratio: float = 1.5,
+        min_requests: int = 20,
+        on_fail: str = "rollback",
+        requested_by: str = "",
+        ready_timeout_s: float = 0.0,
+    ) -> registry_pb2.RolloutState:
+        """Start a progressive rollout of `version` (``rollout_json`` holds the record).
+
+        Raises:
+            FailedPrecondition: a rollout is active, another canary is set, the pool is frozen.
+            InvalidArgument: a bad plan.
+            NotFound: unknown model or version.
+        """
+        return await self._call(
+            self._stub.StartRollout,
+            registry_pb2.StartRolloutRequest(
+                model=model,
+                version=version,
+                steps=list(steps),
+                interval_s=interval_s,
+                max_error_rate=max_error_rate,
+                max_p99_ratio=max_p99_ratio,
+                min_requests=min_requests,
+                on_fail=on_fail,
+                requested_by=requested_by,
+                ready_timeout_s=ready_timeout_s,
+            ),
+        )
+
+    async def get_rollout(self, model: str) -> registry_pb2.RolloutState:
+        """The model's latest rollout.
+
+        Raises:
+            NotFound: it never had one.
+        """
+        return await self._call(self._stub.GetRollout, registry_pb2.GetRolloutRequest(model=model))
+
+    async def control_rollout(
+        self, model: str, action: str, *, requested_by: str = "", reason: str = ""
+    ) -> registry_pb2.RolloutState:
+        """pause | resume | abort | rollback the model's rollout.
+
+        Raises:
+            FailedPrecondition: the action does not fit the rollout's state.
+        """
+        return await self._call(
+            self._stub.ControlRollout,
+            registry_pb2.ControlRolloutRequest(
+                model=model, action=action, requested_by=requested_by, reason=reason
+            ),
+        )
+
+    async def list_pools(self) -> list[registry_pb2.PoolInfo]:
+        """The pool ledger."""
+        resp = await self._call(self._stub.ListPools, registry_pb2.ListPoolsRequest())
+        return list(resp.pools)
+
+    async def set_pool(
+        self,
+        name: str,
+        *,
+        max_workers: int | None = None,
+        max_gpus: int | None = None,
+        state: str | None = None,
+        updated_by: str = "",
+    ) -> registry_pb2.PoolInfo:
+        """Create or change a pool's quota (0 = unlimited) and release state (open/frozen)."""
+        fields = {"max_workers": max_workers, "max_gpus": max_gpus, "state": state}
+        return await self._call(
+            self._stub.SetPool,
+            registry_pb2.SetPoolRequest(
+                name=name,
+                updated_by=updated_by,
+                **{k: v for k, v in fields.items() if v is not None},
+            ),
+        )

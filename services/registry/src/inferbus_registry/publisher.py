@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import nats.errors
@@ -16,9 +17,17 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from inferbus_common.catalog import ensure_kv
+from inferbus_common.catalog import Route, ensure_kv
 from inferbus_common.subjects import Subjects
+from inferbus_registry import metrics
 from inferbus_registry.repository import ModelRepository, ModelState, VersionRecord
+from inferbus_registry.traffic import (
+    RouteWrite,
+    cas_write,
+    merge_catalog,
+    read_route,
+    route_event_fields,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +46,11 @@ class CatalogPublisher:
         self._models: KeyValue | None = None
         self._routes: KeyValue | None = None
 
+    @property
+    def subjects(self) -> Subjects:
+        """The naming scheme it publishes under."""
+        return self._subjects
+
     async def open(self) -> None:
         """Open (creating when needed) the models and routes KV buckets."""
         js = self._nc.jetstream()
@@ -49,16 +63,116 @@ class CatalogPublisher:
         return self._models, self._routes
 
     async def publish_version(self, record: VersionRecord) -> None:
-        """Write the version's `DeployedVersion` into the models bucket."""
+        """Write the version's `DeployedVersion` into the models bucket.
+
+        A version's drift profile goes into the profiles bucket first, so a
+        gateway that sees `DeployedVersion.has_profile` finds it there.
+        """
         key = self._subjects.model_key(record.model, record.version)
+        if record.profile_json:
+            await self._put_profile(key, record.profile_json)
         await self._put(0, key, record.deployed().model_dump_json().encode())
+
+    async def _put_profile(self, key: str, value: bytes) -> None:
+        """Write a ``profile.json`` into the profiles bucket (re-created when missing)."""
+        js = self._nc.jetstream()
+        try:
+            kv = await ensure_kv(js, self._subjects.profiles_bucket, history=1)
+            await kv.put(key, value)
+        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+            kv = await ensure_kv(js, self._subjects.profiles_bucket, history=1)
+            await kv.put(key, value)
 
     async def publish_route(self, repo: ModelRepository, state: ModelState) -> None:
         """Write the model's `Route` into the routes bucket (once it has ``stable``)."""
         route = await repo.route(state)
         if route is None:
+            if state.unloaded or not state.versions:
+                # Unloaded or gone: withdraw the route so workers unload it.
+                await self.remove_route(state.name)
             return
-        await self._put(1, self._subjects.model_key(state.name), route.model_dump_json().encode())
+        # The catalog change has its own event (version_pushed, alias_set, ...).
+        await self.write_route(
+            state.name,
+            lambda current: merge_catalog(route, current),
+            updated_by="registry",
+            publish_event=False,
+        )
+
+    async def routes_kv(self) -> KeyValue:
+        """The routes bucket (opened when needed)."""
+        if self._routes is None:
+            await self.open()
+        return self._kv()[1]
+
+    async def write_route(
+        self,
+        model: str,
+        mutate: Callable[[Route | None], Route | None],
+        *,
+        updated_by: str,
+        change: str = "",
+        expected_kv_revision: int = 0,
+        publish_event: bool = True,
+    ) -> RouteWrite:
+        """Compare-and-set a model's route (`traffic.cas_write`) and publish ``route_changed``.
+
+        The catalog part comes from the store, the traffic part (canary,
+        shadow, stickiness) only lives in KV; every writer goes through here
+        so no write loses another's fields and every change is an event.
+        """
+
+        writer = "traffic"
+        if updated_by == "registry":
+            writer = "catalog"
+        elif updated_by.startswith("rollout "):
+            writer = "rollout"
+
+        async def announce(write: RouteWrite) -> None:
+            metrics.ROUTE_CHANGES.labels(writer).inc()
+            if publish_event:
+                await self.event(model, "route_changed", **route_event_fields(write))
+
+        async def write(kv: KeyValue) -> RouteWrite:
+            return await cas_write(
+                kv,
+                self._subjects,
+                model,
+                mutate,
+                updated_by=updated_by,
+                change=change,
+                expected_kv_revision=expected_kv_revision,
+                on_change=announce,
+            )
+
+        try:
+            return await write(await self.routes_kv())
+        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+            log.warning("routes bucket missing on NATS; re-creating it")
+            await self.open()
+            return await write(self._kv()[1])
+
+    async def current_route(self, model: str) -> Route | None:
+        """The model's route as routers see it now (traffic part included)."""
+        route, _ = await read_route(await self.routes_kv(), self._subjects, model)
+        return route
+
+    async def unpublish_version(self, model: str, version: str) -> None:
+        """Remove a version's `DeployedVersion` (archived or deleted; idempotent)."""
+        await self._delete(0, self._subjects.model_key(model, version))
+
+    async def remove_route(self, model: str) -> None:
+        """Remove a model's `Route` (unloaded or deleted; idempotent)."""
+        await self._delete(1, self._subjects.model_key(model))
+
+    async def _delete(self, which: int, key: str) -> None:
+        try:
+            await self._kv()[which].delete(key)
+        except nats.js.errors.KeyNotFoundError:
+            pass
+        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+            # A bucket that is gone holds no key to delete; re-create it for later writes.
+            await self.open()
 
     async def _put(self, which: int, key: str, value: bytes) -> None:
         try:
@@ -85,6 +199,9 @@ class CatalogPublisher:
         count = 0
         for state in await repo.list_models():
             for version in state.versions:
+                if version in state.archived:
+                    await self.unpublish_version(state.name, version)
+                    continue
                 await self.publish_version(await repo.get_version(state.name, version))
                 count += 1
             await self.publish_route(repo, state)

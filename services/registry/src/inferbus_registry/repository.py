@@ -38,6 +38,8 @@ from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.signing import ALGORITHM, sign, signed_payload
 from inferbus_registry import naming
 from inferbus_registry.onnxcheck import check_onnx
+from inferbus_registry.processingcheck import check_processing
+from inferbus_registry.profilecheck import PROFILE_FILE, check_profile
 from inferbus_registry.store import Store
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,10 @@ ROOT = "models"
 CONFIG_FILE = "config.json"
 MANIFEST_FILE = "manifest.json"
 ALIASES_FILE = "aliases.json"
+ARCHIVED_FILE = "archived.json"
+"""Marker in a version's folder: the version is archived (kept, never served)."""
+UNLOADED_FILE = "unloaded.json"
+"""Marker in a model's folder: the model is out of serving (its route is withdrawn)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +78,8 @@ class VersionRecord:
     signature: str = ""
     """Base64 Ed25519 signature of the files' digests (empty: unsigned)."""
     key_id: str = ""
+    profile_json: bytes = b""
+    """The version's drift reference (``profile.json``) when it has one, else empty."""
 
     def deployed(self) -> DeployedVersion:
         """The catalog record published in the models KV bucket."""
@@ -94,6 +102,15 @@ class ModelState:
     name: str
     versions: list[str] = field(default_factory=list)
     aliases: dict[str, str] = field(default_factory=dict)
+    archived: list[str] = field(default_factory=list)
+    """Versions kept in the store but out of serving (subset of `versions`)."""
+    unloaded: bool = False
+    """The model was taken out of serving: it has no route until loaded again."""
+
+    def active_versions(self) -> list[str]:
+        """Versions that may be aliased and routed (not archived), ascending."""
+        archived = set(self.archived)
+        return [v for v in self.versions if v not in archived]
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,10 +297,24 @@ class ModelRepository:
             NotFound: when the model has no version.
         """
         naming.check_model_name(model)
-        versions = await self.versions(model)
+        keys = await self.store.list(f"{ROOT}/{model}/")
+        versions, archived = [], []
+        for key in keys:
+            parts = key.split("/")
+            if len(parts) == 4 and parts[3] == MANIFEST_FILE:
+                versions.append(parts[2])
+            elif len(parts) == 4 and parts[3] == ARCHIVED_FILE:
+                archived.append(parts[2])
         if not versions:
             raise NotFound(f"no model {model!r}")
-        return ModelState(name=model, versions=versions, aliases=await self.aliases(model))
+        versions = naming.sort_versions(versions)
+        return ModelState(
+            name=model,
+            versions=versions,
+            aliases=await self.aliases(model),
+            archived=[v for v in versions if v in set(archived)],
+            unloaded=f"{ROOT}/{model}/{UNLOADED_FILE}" in keys,
+        )
 
     async def list_models(self) -> list[ModelState]:
         """Every model with its versions and aliases."""
@@ -322,6 +353,9 @@ class ModelRepository:
             raise NotFound(f"model {model!r} has no version {version!r}") from None
         config_json = await self.store.read_bytes(f"{prefix}/{CONFIG_FILE}")
         manifest = json.loads(manifest_json)
+        profile_json = b""
+        if PROFILE_FILE in manifest["files"]:
+            profile_json = await self.store.read_bytes(f"{prefix}/{PROFILE_FILE}")
         return VersionRecord(
             model=model,
             version=version,
@@ -336,6 +370,7 @@ class ModelRepository:
             created_unix_ms=int(manifest.get("created_unix_ms", 0)),
             signature=(manifest.get("signature") or {}).get("value", ""),
             key_id=(manifest.get("signature") or {}).get("key_id", ""),
+            profile_json=profile_json,
         )
 
     async def open_file(
@@ -360,13 +395,13 @@ class ModelRepository:
     async def route(self, state: ModelState) -> Route | None:
         """The routing table for a model (None before it has a ``stable`` alias)."""
         stable = state.aliases.get("stable")
-        if stable is None:
+        if stable is None or state.unloaded:
             return None
         pool = (await self.get_version(state.name, stable)).config.pool
         return Route(
             model=state.name,
             stable=stable,
-            versions=list(state.versions),
+            versions=state.active_versions(),
             aliases=dict(sorted(state.aliases.items())),
             pool=pool,
         )
@@ -394,9 +429,201 @@ class ModelRepository:
                 raise NotFound(
                     f"model {model!r} has no version {version!r}; versions: {state.versions}"
                 )
+            if version in state.archived:
+                raise FailedPrecondition(
+                    f"model {model!r} version {version!r} is archived; run "
+                    f"`inferbus models unarchive {model} {version}` before aliasing it"
+                )
             state.aliases[alias] = version
             await self._write_aliases(model, state.aliases)
             return state
+
+    # --- archive, delete, serving (lifecycle) ----------------------------------
+    async def _archived(self, model: str) -> set[str]:
+        return {
+            key.split("/")[2]
+            for key in await self.store.list(f"{ROOT}/{model}/")
+            if len(key.split("/")) == 4 and key.split("/")[3] == ARCHIVED_FILE
+        }
+
+    async def _check_not_serving(
+        self, state: ModelState, version: str, action: str, live: Route | None
+    ) -> None:
+        """Refuse `action` while anything routes to `version`.
+
+        ``latest`` is not a reason: the registry moves it by itself (to the
+        highest remaining active version). The route's canary and shadow live
+        only in NATS KV, so the caller passes the `live` route read there.
+
+        Raises:
+            FailedPrecondition: naming the alias or route field that points at it.
+        """
+        holders = sorted(a for a, v in state.aliases.items() if v == version and a != "latest")
+        routed = live
+        if routed is not None:
+            for field_name in ("canary", "shadow"):
+                if getattr(routed, field_name, "") == version:
+                    holders.append(f"route.{field_name}")
+        if holders:
+            what = ", ".join(h if h.startswith("route.") else f"alias {h!r}" for h in holders)
+            raise FailedPrecondition(
+                f"cannot {action} model {state.name!r} version {version!r}: it is in use "
+                f"({what}); point those at another version first (`inferbus models alias`)"
+            )
+
+    def _relatest(self, state: ModelState) -> dict[str, str]:
+        aliases = dict(state.aliases)
+        active = state.active_versions()
+        if active:
+            aliases["latest"] = naming.highest_version(active)
+        else:
+            aliases.pop("latest", None)
+        return aliases
+
+    async def archive(
+        self, model: str, version: str, requested_by: str = "", *, live: Route | None = None
+    ) -> ModelState:
+        """Take `version` out of serving, keeping its files (idempotent).
+
+        `live` is the model's route as published (its canary and shadow count).
+
+        Raises:
+            NotFound: unknown model or version.
+            FailedPrecondition: the version is stable, an alias target, the
+                route's canary or shadow.
+        """
+        naming.check_model_name(model)
+        naming.check_version(version)
+        async with self._lock(model):
+            state = await self.state(model)
+            if version not in state.versions:
+                raise NotFound(
+                    f"model {model!r} has no version {version!r}; versions: {state.versions}"
+                )
+            if version in state.archived:
+                return state
+            await self._check_not_serving(state, version, "archive", live)
+            doc = {
+                "model": model,
+                "version": version,
+                "archived_unix_ms": time.time_ns() // 1_000_000,
+                "requested_by": requested_by,
+            }
+            await self.store.write_bytes(
+                f"{_version_prefix(model, version)}/{ARCHIVED_FILE}",
+                (json.dumps(doc, indent=2) + "\n").encode(),
+            )
+            state.archived = naming.sort_versions([*state.archived, version])
+            return await self._store_aliases(state)
+
+    async def unarchive(self, model: str, version: str) -> ModelState:
+        """Make an archived `version` usable again (idempotent).
+
+        Raises:
+            NotFound: unknown model or version.
+        """
+        naming.check_model_name(model)
+        naming.check_version(version)
+        async with self._lock(model):
+            state = await self.state(model)
+            if version not in state.versions:
+                raise NotFound(
+                    f"model {model!r} has no version {version!r}; versions: {state.versions}"
+                )
+            if version not in state.archived:
+                return state
+            await self.store.delete(f"{_version_prefix(model, version)}/{ARCHIVED_FILE}")
+            state.archived = [v for v in state.archived if v != version]
+            return await self._store_aliases(state)
+
+    async def delete_version(
+        self, model: str, version: str, *, live: Route | None = None
+    ) -> tuple[ModelState, int]:
+        """Remove a version's files from the store; returns the new state and bytes freed.
+
+        The manifest goes first, so an interrupted delete leaves files that
+        are no version (a later push of the same number overwrites them).
+        When the last version goes, the model's aliases go too and the
+        returned state has no versions.
+
+        Raises:
+            NotFound: unknown model or version.
+            FailedPrecondition: the version is in use (see `archive`).
+        """
+        naming.check_model_name(model)
+        naming.check_version(version)
+        async with self._lock(model):
+            state = await self.state(model)
+            if version not in state.versions:
+                raise NotFound(
+                    f"model {model!r} has no version {version!r}; versions: {state.versions}"
+                )
+            await self._check_not_serving(state, version, "delete", live)
+            prefix = _version_prefix(model, version)
+            try:
+                freed = sum(
+                    info.size for info in (await self.get_version(model, version)).files.values()
+                )
+            except (NotFound, ValueError, KeyError):
+                freed = 0
+            await self.store.delete(f"{prefix}/{MANIFEST_FILE}")
+            for key in await self.store.list(f"{prefix}/"):
+                await self.store.delete(key)
+            state.versions = [v for v in state.versions if v != version]
+            state.archived = [v for v in state.archived if v != version]
+            if not state.versions:
+                for name in (ALIASES_FILE, UNLOADED_FILE):
+                    if await self.store.exists(f"{ROOT}/{model}/{name}"):
+                        await self.store.delete(f"{ROOT}/{model}/{name}")
+                state.aliases = {}
+                return state, freed
+            return await self._store_aliases(state), freed
+
+    async def set_serving(
+        self, model: str, serving: bool, version: str = "", requested_by: str = ""
+    ) -> ModelState:
+        """Withdraw a model's route (``serving=False``) or publish it again.
+
+        With ``serving=True`` and a `version` (number or alias), ``stable``
+        moves to that version first. Aliases survive an unload, so a load
+        brings back exactly what served before.
+
+        Raises:
+            NotFound: unknown model or version.
+            FailedPrecondition: the version is archived.
+        """
+        naming.check_model_name(model)
+        target = await self.resolve(model, version) if serving and version else ""
+        async with self._lock(model):
+            state = await self.state(model)
+            marker = f"{ROOT}/{model}/{UNLOADED_FILE}"
+            if target:
+                if target not in state.versions:
+                    raise NotFound(
+                        f"model {model!r} has no version {target!r}; versions: {state.versions}"
+                    )
+                if target in state.archived:
+                    raise FailedPrecondition(
+                        f"model {model!r} version {target!r} is archived; unarchive it first"
+                    )
+                if state.aliases.get("stable") != target:
+                    state.aliases["stable"] = target
+                    await self._write_aliases(model, state.aliases)
+            if serving and state.unloaded:
+                await self.store.delete(marker)
+            elif not serving and not state.unloaded:
+                doc = {"model": model, "unloaded_unix_ms": time.time_ns() // 1_000_000}
+                doc["requested_by"] = requested_by
+                await self.store.write_bytes(marker, (json.dumps(doc) + "\n").encode())
+            state.unloaded = not serving
+            return state
+
+    async def _store_aliases(self, state: ModelState) -> ModelState:
+        aliases = self._relatest(state)
+        if aliases != state.aliases:
+            await self._write_aliases(state.name, aliases)
+            state.aliases = aliases
+        return state
 
     async def push(
         self,
@@ -447,7 +674,12 @@ class ModelRepository:
                     f"{sorted(files) or 'no files'}"
                 )
             if config.platform == "onnxruntime_onnx" or config.file.endswith(".onnx"):
-                await asyncio.to_thread(check_onnx, spool.path(config.file), config)
+                # With processing the graph takes and gives the engine-facing tensors.
+                await asyncio.to_thread(check_onnx, spool.path(config.file), config.engine_view())
+            if config.processing is not None:
+                await asyncio.to_thread(check_processing, config, files, spool.path)
+            if PROFILE_FILE in files:
+                await asyncio.to_thread(check_profile, spool.path(PROFILE_FILE), config, model)
             files[CONFIG_FILE] = FileInfo(
                 sha256=hashlib.sha256(stored_config).hexdigest(), size=len(stored_config)
             )
@@ -521,16 +753,31 @@ class ModelRepository:
                 created_unix_ms=created_ms,
                 signature=sig["value"] if sig else "",
                 key_id=sig["key_id"] if sig else "",
+                profile_json=(
+                    spool.path(PROFILE_FILE).read_bytes() if PROFILE_FILE in files else b""
+                ),
             )
 
         versions = await self.versions(model)
         current = await self.aliases(model)
         new_aliases = dict(current)
-        new_aliases["latest"] = naming.highest_version(versions)
+        archived = await self._archived(model)
+        if version in archived:
+            raise FailedPrecondition(
+                f"model {model!r} version {version!r} exists and is archived; run "
+                f"`inferbus models unarchive {model} {version}` first"
+            )
+        new_aliases["latest"] = naming.highest_version([v for v in versions if v not in archived])
         for alias in aliases:
             new_aliases[alias] = version
         new_aliases.setdefault("stable", version)
         if new_aliases != current:
             await self._write_aliases(model, new_aliases)
-        state = ModelState(name=model, versions=versions, aliases=new_aliases)
+        state = ModelState(
+            name=model,
+            versions=versions,
+            aliases=new_aliases,
+            archived=[v for v in versions if v in archived],
+            unloaded=await self.store.exists(f"{ROOT}/{model}/{UNLOADED_FILE}"),
+        )
         return PushResult(record=record, state=state, created=created, bytes_stored=stored)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 import nats.errors
 import nats.js.errors
 
+from inferbus_common.catalog import Route
 from inferbus_common.errors import (
     FailedPrecondition,
     InferbusError,
@@ -24,8 +26,11 @@ from inferbus_common.errors import (
 )
 from inferbus_proto.registry import registry_pb2, registry_pb2_grpc
 from inferbus_registry import metrics
+from inferbus_registry.pools import PoolBook
 from inferbus_registry.publisher import CatalogPublisher
+from inferbus_registry.release_api import ReleaseRPCs
 from inferbus_registry.repository import ModelRepository, ModelState, VersionRecord
+from inferbus_registry.rollout import RolloutController
 from inferbus_registry.store import CHUNK_SIZE
 
 log = logging.getLogger(__name__)
@@ -60,17 +65,22 @@ def version_info(record: VersionRecord, state: ModelState | None) -> registry_pb
             for path, info in sorted(record.files.items())
         ],
         created_unix_ms=record.created_unix_ms,
+        archived=bool(state and record.version in state.archived),
     )
 
 
 def model_info(state: ModelState) -> registry_pb2.ModelInfo:
     """The protobuf `ModelInfo` of a model."""
     return registry_pb2.ModelInfo(
-        name=state.name, versions=list(state.versions), aliases=dict(state.aliases)
+        name=state.name,
+        versions=list(state.versions),
+        aliases=dict(state.aliases),
+        archived=list(state.archived),
+        unloaded=state.unloaded,
     )
 
 
-class RegistryService(registry_pb2_grpc.RegistryServicer):
+class RegistryService(ReleaseRPCs, registry_pb2_grpc.RegistryServicer):
     """Implements `inferbus.registry.v1.Registry`.
 
     Args:
@@ -79,6 +89,8 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         chunk_size: size of `DownloadFile` chunks.
         drain_timeout_s: how long a refused push may keep sending before the
             call is ended (see `_drain`).
+        rollouts: the rollout controller (None: rollout RPCs refused).
+        pools: the pools bucket (None: pool RPCs refused).
     """
 
     def __init__(
@@ -88,8 +100,12 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
         *,
         chunk_size: int = CHUNK_SIZE,
         drain_timeout_s: float = 60.0,
+        rollouts: RolloutController | None = None,
+        pools: PoolBook | None = None,
     ) -> None:
         self._repo = repo
+        self._rollouts = rollouts
+        self._pools = pools
         self._drain_timeout_s = drain_timeout_s
         self._publisher = publisher
         self._chunk_size = chunk_size
@@ -261,3 +277,123 @@ class RegistryService(registry_pb2_grpc.RegistryServicer):
             err = _as_error(exc, "DownloadFile")
         metrics.DOWNLOADS.labels("not_found" if isinstance(err, NotFound) else "error").inc()
         await _abort(context, err)
+
+    # --- lifecycle: archive, unarchive, delete, serving -------------------------
+    async def _lifecycle(
+        self,
+        context: grpc.aio.ServicerContext,
+        what: str,
+        change: Callable[[], Awaitable[tuple[ModelState, dict[str, Any]]]],
+    ) -> registry_pb2.ModelInfo:
+        """Run a lifecycle change, publish the catalog and its event; map errors."""
+        try:
+            state, event = await change()
+            name = event.pop("event")
+            await self._publish(None, state)
+            await self._publisher.event(state.name, name, aliases=state.aliases, **event)
+            metrics.LIFECYCLE.labels(name).inc()
+            log.info("%s", name, extra={"model": state.name, "version": event.get("version")})
+            return model_info(state)
+        except Exception as exc:
+            err = _as_error(exc, what)
+        await _abort(context, err)
+        raise AssertionError("unreachable: context.abort raises")
+
+    async def ArchiveVersion(
+        self, request: registry_pb2.ArchiveVersionRequest, context: grpc.aio.ServicerContext
+    ) -> registry_pb2.ModelInfo:
+        """Archive a version: files kept, catalog entry withdrawn (workers unload it)."""
+
+        async def change() -> tuple[ModelState, dict[str, Any]]:
+            live = await self._live_route(request.model)
+            state = await self._repo.archive(
+                request.model, request.version, request.requested_by, live=live
+            )
+            await self._unpublish(request.model, request.version)
+            return state, {
+                "event": "version_archived",
+                "version": request.version,
+                "requested_by": request.requested_by or None,
+            }
+
+        return await self._lifecycle(context, "ArchiveVersion", change)
+
+    async def UnarchiveVersion(
+        self, request: registry_pb2.ArchiveVersionRequest, context: grpc.aio.ServicerContext
+    ) -> registry_pb2.ModelInfo:
+        """Unarchive a version: its catalog entry is published again."""
+
+        async def change() -> tuple[ModelState, dict[str, Any]]:
+            state = await self._repo.unarchive(request.model, request.version)
+            record = await self._repo.get_version(request.model, request.version)
+            try:
+                await self._publisher.publish_version(record)
+            except NATS_ERRORS as exc:
+                raise Unavailable(
+                    f"version unarchived in the store but not published on NATS "
+                    f"({type(exc).__name__}); retry the call"
+                ) from exc
+            return state, {
+                "event": "version_unarchived",
+                "version": request.version,
+                "requested_by": request.requested_by or None,
+            }
+
+        return await self._lifecycle(context, "UnarchiveVersion", change)
+
+    async def DeleteVersion(
+        self, request: registry_pb2.DeleteVersionRequest, context: grpc.aio.ServicerContext
+    ) -> registry_pb2.ModelInfo:
+        """Delete a version's files and catalog entry (refused while it is in use)."""
+
+        async def change() -> tuple[ModelState, dict[str, Any]]:
+            live = await self._live_route(request.model)
+            state, freed = await self._repo.delete_version(
+                request.model, request.version, live=live
+            )
+            await self._unpublish(request.model, request.version)
+            metrics.BYTES_DELETED.inc(freed)
+            return state, {
+                "event": "version_deleted",
+                "version": request.version,
+                "bytes_freed": freed,
+                "requested_by": request.requested_by or None,
+            }
+
+        return await self._lifecycle(context, "DeleteVersion", change)
+
+    async def SetServing(
+        self, request: registry_pb2.SetServingRequest, context: grpc.aio.ServicerContext
+    ) -> registry_pb2.ModelInfo:
+        """Withdraw a model's route or publish it again (optionally moving stable)."""
+
+        async def change() -> tuple[ModelState, dict[str, Any]]:
+            state = await self._repo.set_serving(
+                request.model, request.serving, request.version, request.requested_by
+            )
+            return state, {
+                "event": "model_loaded" if request.serving else "model_unloaded",
+                "version": state.aliases.get("stable"),
+                "requested_by": request.requested_by or None,
+            }
+
+        return await self._lifecycle(context, "SetServing", change)
+
+    async def _live_route(self, model: str) -> Route | None:
+        """The route routers follow now (its canary/shadow are only in KV)."""
+        try:
+            return await self._publisher.current_route(model)
+        except NATS_ERRORS as exc:
+            raise Unavailable(
+                f"cannot read the route of {model!r} from NATS ({type(exc).__name__}) to check "
+                "that nothing routes to the version; retry the call"
+            ) from exc
+
+    async def _unpublish(self, model: str, version: str) -> None:
+        try:
+            await self._publisher.unpublish_version(model, version)
+        except NATS_ERRORS as exc:
+            raise Unavailable(
+                f"the store is updated but the catalog entry of {model!r} {version!r} could "
+                f"not be withdrawn on NATS ({type(exc).__name__}); retry the call"
+            ) from exc

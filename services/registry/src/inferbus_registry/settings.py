@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from inferbus_common.settings import ServiceSettings
@@ -39,6 +39,16 @@ class RegistrySettings(ServiceSettings):
     Workers that trust its public key refuse anything else."""
     signing_key_id: str = "registry"
     """Name of the signing key, recorded with each signature (for key rotation)."""
+    admin_token: SecretStr | None = None
+    """Token required for every registry call (prefer `admin_token_file`); with
+    neither token set the API is open (see docs/security.md)."""
+    admin_token_file: Path | None = None
+    """File holding the admin token."""
+    reader_token: SecretStr | None = None
+    """Token allowed only read calls (list, get, download, route/rollout/pool reads):
+    give it to workers and read-only tools (prefer `reader_token_file`)."""
+    reader_token_file: Path | None = None
+    """File holding the reader token."""
     s3_region: str = "us-east-1"
     """S3 region name."""
     spool_dir: Path | None = None
@@ -48,6 +58,9 @@ class RegistrySettings(ServiceSettings):
     """A push sending more bytes than this is refused with INVALID_ARGUMENT."""
     grpc_max_message_bytes: int = Field(default=64 << 20, ge=16 << 20)
     """Largest gRPC message sent or received (at least 16 MiB)."""
+    rollout_tick_s: float = Field(default=0.5, gt=0)
+    """How often the rollout controller judges active rollouts (a step's interval is
+    measured to within this)."""
     store_probe_interval_s: float = Field(default=10.0, gt=0)
     """How often the store's reachability (for /readyz) and NATS reconnects (to republish
     the catalog) are checked."""

@@ -198,9 +198,21 @@ class LocalStore:
         return await asyncio.to_thread(self._path(key).is_file)
 
     async def delete(self, key: str) -> None:
-        """See `Store.delete`."""
-        with contextlib.suppress(FileNotFoundError):
-            await asyncio.to_thread(self._path(key).unlink)
+        """See `Store.delete`; folders left empty are removed too (as in S3, where none exist)."""
+
+        def _delete() -> None:
+            path = self._path(key)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            parent = path.parent
+            while parent != self.root and self.root in parent.parents:
+                try:
+                    parent.rmdir()  # only when empty
+                except OSError:
+                    break
+                parent = parent.parent
+
+        await asyncio.to_thread(_delete)
 
     async def read_bytes(self, key: str) -> bytes:
         """See `Store.read_bytes`."""

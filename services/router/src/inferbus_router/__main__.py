@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from inferbus_common import lifecycle, ops
+from inferbus_common import lifecycle, ops, tracing
 from inferbus_common.bus import connect, shutdown
 from inferbus_common.catalog import Catalog
 from inferbus_common.logs import setup_logging
 from inferbus_common.subjects import Subjects
+from inferbus_router.health import HealthWeights
 from inferbus_router.router import Router
 from inferbus_router.settings import RouterSettings
+from inferbus_router.shadow import ShadowComparer
 
 log = logging.getLogger("inferbus_router")
 
@@ -21,27 +23,46 @@ async def serve(settings: RouterSettings) -> None:
     stop = lifecycle.stop_event_on_signals()
     instance = settings.instance_id or lifecycle.default_instance_id("router")
     subjects = Subjects(settings.subject_prefix)
-    nc = await connect(settings.nats_url, instance)
+    nc = await connect(settings.nats_url, instance, **settings.nats_auth())
     loaded = False
+    serving = False
 
     def ready() -> tuple[bool, str]:
         if not nc.is_connected:
             return False, "not connected to NATS"
         if not loaded:
             return False, "catalog not loaded"
+        if not serving:
+            return False, "not taking requests (starting or draining)"
         return True, "ok"
 
     try:
         async with Catalog(nc.jetstream(), subjects) as catalog:
             await catalog.wait_loaded()
             loaded = True
-            router = Router(nc, catalog, subjects, settings.queue_group)
+            router = Router(
+                nc,
+                catalog,
+                subjects,
+                settings.queue_group,
+                health=HealthWeights(settings.health_policy()) if settings.health_enabled else None,
+                shadow=ShadowComparer(
+                    nc,
+                    subjects,
+                    instance,
+                    timeout_s=settings.shadow_timeout_s,
+                    max_pending=settings.shadow_max_pending,
+                ),
+                health_interval_s=settings.health_interval_s,
+            )
             sock = ops.bind_socket(settings.host, settings.metrics_port)
             async with ops.serve_http(ops.ops_app(ready), sock):
                 await router.start()
+                serving = True
                 ops.write_ports_file(settings.ports_file, {"metrics": sock.getsockname()[1]})
                 log.info("router serving", extra={"port": sock.getsockname()[1]})
                 await stop.wait()
+                serving = False
                 log.info("router draining")
                 try:
                     await asyncio.wait_for(router.drain(), settings.drain_timeout_s)
@@ -55,7 +76,11 @@ def main() -> None:
     """Build settings once, set up logging and run the router."""
     settings = RouterSettings()
     setup_logging("router", settings.log_level, settings.log_format)
-    lifecycle.run(lambda: serve(settings), use_uvloop=settings.use_uvloop)
+    tracing.setup_tracing("router", settings, settings.instance_id)
+    try:
+        lifecycle.run(lambda: serve(settings), use_uvloop=settings.use_uvloop)
+    finally:
+        tracing.shutdown_tracing()
 
 
 if __name__ == "__main__":

@@ -1,27 +1,61 @@
-"""The router component: subscribe to `ib.route.*`, forward to `ib.infer.<model>.<version>`."""
+"""The router component: subscribe to `ib.route.*`, forward to `ib.infer.<model>.<version>`.
+
+Per request: decide the version (`routing.decide`: pinned → sticky → weighted,
+with the canary weight scaled by `health.HealthWeights`), publish to the
+version's subject (``ib.gen.…`` for generative requests, ``ib.infer.…``
+otherwise) and, for a sampled share, a shadow copy (`shadow.ShadowComparer`).
+Alongside: follow route revisions (log each change once, export the revision)
+and feed audit records to the health windows.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge, Histogram
 
 from inferbus_common import headers as h
-from inferbus_common.catalog import Catalog
-from inferbus_common.errors import InferbusError, status_of
+from inferbus_common import tracing
+from inferbus_common.catalog import Catalog, Route
+from inferbus_common.errors import InferbusError, Unavailable, status_of
 from inferbus_common.replies import send_error
 from inferbus_common.subjects import Subjects, name_from_token
-from inferbus_router.routing import choose_version
+from inferbus_router.health import HealthWeights
+from inferbus_router.routing import decide, wants_shadow
+from inferbus_router.shadow import ShadowComparer
 
 log = logging.getLogger(__name__)
+
+ROUTE_SPAN = "inferbus.router.route"
+ROUTE_SECONDS = Histogram(
+    "inferbus_router_route_seconds",
+    "Time the router spends on a request (routing decision and republish).",
+    buckets=(0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.1),
+)
 
 ROUTED = Counter(
     "inferbus_router_requests_total",
     "Requests handled by the router, by model, chosen version and outcome.",
     ["model", "version", "status"],
+)
+DECISIONS = Counter(
+    "inferbus_router_decisions_total",
+    "Routing decisions by model, version and reason (pinned, sticky, weighted, stable).",
+    ["model", "version", "reason"],
+)
+ROUTE_REVISION = Gauge(
+    "inferbus_router_route_revision",
+    "Revision of each model's routing table this router follows.",
+    ["model"],
 )
 
 
@@ -33,48 +67,251 @@ class Router:
         catalog: live catalog (routes are read from it).
         subjects: naming scheme.
         queue_group: NATS queue group shared by router instances.
+        health: health-aware canary scaling (None: configured weights as they are).
+        shadow: shadow comparer (None: no shadow copies are sent).
+        health_interval_s: how often the health factors are re-evaluated.
+        draw: uniform [0, 1) source of the weighted choice and shadow sampling.
     """
 
-    def __init__(self, nc: Client, catalog: Catalog, subjects: Subjects, queue_group: str) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        catalog: Catalog,
+        subjects: Subjects,
+        queue_group: str,
+        *,
+        health: HealthWeights | None = None,
+        shadow: ShadowComparer | None = None,
+        health_interval_s: float = 2.0,
+        draw: Callable[[], float] = random.random,
+    ) -> None:
         self._nc = nc
         self._catalog = catalog
         self._subjects = subjects
         self._queue_group = queue_group
+        self._health = health
+        self._shadow = shadow
+        self._health_interval = health_interval_s
+        self._draw = draw
         self._sub: Subscription | None = None
+        self._audit_sub: Subscription | None = None
+        # Where nats-server's "no responders" comes back when no batcher is
+        # subscribed to a version's subject (see `_on_no_responders`).
+        self._nr_inbox = subjects.reply_inbox(f"router-{uuid.uuid4().hex[:12]}")
+        self._nr_sub: Subscription | None = None
+        self._revisions: dict[str, int] = {}
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """Start taking requests."""
+        """Start following the routes and audit records, then take requests."""
+        self._stop.clear()
+        self._note_revisions()
+        self._tasks.append(asyncio.create_task(self._follow_routes(), name="router-routes"))
+        if self._shadow is not None:
+            await self._shadow.start()
+        if self._health is not None:
+            # One token after `audit`: the records, not payload captures
+            # (`<prefix>.audit.payload.<model>.<version>`).
+            self._audit_sub = await self._nc.subscribe(
+                f"{self._subjects.prefix}.audit.*",
+                cb=self._on_audit,
+                pending_msgs_limit=100_000,
+                pending_bytes_limit=64 << 20,
+            )
+            self._health.evaluate(self._catalog.routes)
+            self._tasks.append(asyncio.create_task(self._health_loop(), name="router-health"))
+        self._nr_sub = await self._nc.subscribe(f"{self._nr_inbox}.>", cb=self._on_no_responders)
         self._sub = await self._nc.subscribe(
             self._subjects.route_all,
             queue=self._queue_group,
-            cb=self._on_request,
+            cb=self._on_request_observed,
             pending_msgs_limit=1_000_000,
             pending_bytes_limit=1 << 30,
         )
 
     async def drain(self) -> None:
-        """Stop taking requests and finish forwarding those already received."""
+        """Stop taking requests, finish forwarding those already received, stop
+        the side loops."""
         if self._sub is not None:
             await self._sub.drain()
             self._sub = None
+        if self._audit_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._audit_sub.unsubscribe()
+            self._audit_sub = None
+        if self._nr_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._nr_sub.unsubscribe()
+            self._nr_sub = None
+        self._stop.set()
+        for task in self._tasks:
+            # The route follower may sit in a catalog wait: it need not finish it.
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._shadow is not None:
+            await self._shadow.stop()
+
+    # --- the request path ----------------------------------------------------
+    async def _on_request_observed(self, msg: Msg) -> None:
+        """`_on_request`, timed, and in a span when the request is sampled.
+
+        The span's context replaces the request's ``traceparent`` before the
+        request is forwarded, so the batcher's span becomes its child.
+        """
+        t0 = time.perf_counter()
+        headers = msg.headers
+        span = None
+        if headers and tracing.enabled():
+            span = tracing.start_child_span(ROUTE_SPAN, headers.get(h.TRACEPARENT, ""))
+            if span is not None:
+                span.set_attribute("inferbus.model", headers.get(h.MODEL, ""))
+                span.set_attribute("inferbus.request_id", headers.get(h.REQUEST_ID, ""))
+                headers[h.TRACEPARENT] = tracing.traceparent_of(span)
+        try:
+            await self._on_request(msg)
+        except BaseException as exc:
+            tracing.end_span(span, "INTERNAL", type(exc).__name__)
+            raise
+        finally:
+            ROUTE_SECONDS.observe(time.perf_counter() - t0)
+        tracing.end_span(span)
 
     async def _on_request(self, msg: Msg) -> None:
         headers = msg.headers or {}
         model = headers.get(h.MODEL) or name_from_token(msg.subject.rsplit(".", 1)[-1])
         reply = headers.get(h.REPLY) or msg.reply or ""
         request_id = headers.get(h.REQUEST_ID, "")
+        route = self._catalog.routes.get(model)
         try:
-            route = self._catalog.routes.get(model)
-            version = choose_version(route, model, headers.get(h.VERSION, ""))
+            weight = None
+            if route is not None and self._health is not None:
+                weight = self._health.effective_weight(route)
+            decision = decide(route, model, headers, canary_weight=weight, draw=self._draw)
         except InferbusError as exc:
             code, _ = status_of(exc)
             ROUTED.labels(model, "", code.name).inc()
             await send_error(self._nc, reply, exc, request_id)
             return
+        assert route is not None
+        version = decision.version
+        generate = headers.get(h.KIND) == h.KIND_GENERATE
         out = dict(headers)
         out[h.VERSION] = version
         out[h.MODEL] = model
         if reply:
             out[h.REPLY] = reply
-        await self._nc.publish(self._subjects.infer(model, version), msg.data, headers=out)
+        out.pop(h.MIRROR, None)
+        pair = None
+        # Streams are not compared: shadowing covers one-reply requests only.
+        if self._shadow is not None and not generate and wants_shadow(route, decision, self._draw):
+            pair = self._shadow.begin(model, version, route.shadow, request_id)
+            if pair is not None:
+                out[h.MIRROR] = pair[0]
+        subject = (
+            self._subjects.gen(model, version) if generate else self._subjects.infer(model, version)
+        )
+        # Our inbox + the client's reply as NATS reply subject: the batcher answers
+        # on the Ib-Reply header, but when none is subscribed nats-server sends
+        # "no responders" there at once (only to a subscribed publisher).
+        nr_reply = f"{self._nr_inbox}.{reply}" if reply and not generate else ""
+        await self._nc.publish(subject, msg.data, reply=nr_reply, headers=out)
         ROUTED.labels(model, version, "OK").inc()
+        DECISIONS.labels(model, version, decision.reason).inc()
+        if pair is not None:
+            await self._send_shadow(route, out, msg.data, pair)
+
+    async def _on_no_responders(self, msg: Msg) -> None:
+        """No batcher took a forwarded request: tell the client now, not at its deadline.
+
+        The reply subject of the forward was ``<our inbox>.<client reply>``, so
+        the client's reply subject is in the subject of nats-server's 503; no
+        state is kept per request. Nothing was computed: UNAVAILABLE, safe to retry.
+        """
+        headers = msg.headers or {}
+        if msg.data or headers.get("Status") != "503":
+            return
+        reply = msg.subject[len(self._nr_inbox) + 1 :]
+        where = headers.get("Nats-Subject", "the version's subject")
+        await send_error(
+            self._nc,
+            reply,
+            Unavailable(
+                f"no batcher is subscribed to {where} (restarting?); "
+                "nothing was computed, safe to retry"
+            ),
+        )
+
+    async def _send_shadow(
+        self, route: Route, primary: dict[str, str], body: bytes, pair: tuple[str, str]
+    ) -> None:
+        copy = dict(primary)
+        copy.pop(h.MIRROR, None)
+        copy[h.VERSION] = route.shadow
+        copy[h.REPLY] = pair[1]
+        try:
+            await self._nc.publish(
+                self._subjects.infer(route.model, route.shadow), body, headers=copy
+            )
+        except Exception as exc:  # the shadow path never fails the request
+            assert self._shadow is not None
+            self._shadow.cancel(pair)
+            log.warning("shadow copy not sent: %s", exc, extra={"model": route.model})
+
+    # --- side loops ----------------------------------------------------------
+    async def _on_audit(self, msg: Msg) -> None:
+        assert self._health is not None
+        self._health.observe(msg.data)
+
+    async def _health_loop(self) -> None:
+        assert self._health is not None
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self._health_interval)
+            self._health.evaluate(self._catalog.routes)
+
+    async def _follow_routes(self) -> None:
+        while not self._stop.is_set():
+            # Wakes on any catalog update (or each second, to notice shutdown).
+            await self._catalog.wait_for(self._revisions_changed, timeout=1.0)
+            self._note_revisions()
+
+    def _revisions_changed(self) -> bool:
+        if self._stop.is_set():
+            return True
+        routes = self._catalog.routes
+        if routes.keys() != self._revisions.keys():
+            return True
+        return any(r.revision != self._revisions[m] for m, r in routes.items())
+
+    def _note_revisions(self) -> None:
+        routes = dict(self._catalog.routes)
+        for model, route in routes.items():
+            seen = self._revisions.get(model)
+            if seen == route.revision:
+                continue
+            self._revisions[model] = route.revision
+            ROUTE_REVISION.labels(model).set(route.revision)
+            log.info(
+                "route revision %d",
+                route.revision,
+                extra={
+                    "model": model,
+                    "revision": route.revision,
+                    "updated_by": route.updated_by,
+                    "change": route.change,
+                    "stable": route.stable,
+                    "canary": route.canary,
+                    "canary_weight": route.canary_weight,
+                    "shadow": route.shadow,
+                    "shadow_rate": route.shadow_rate,
+                    "sticky": route.sticky,
+                },
+            )
+        for model in [m for m in self._revisions if m not in routes]:
+            del self._revisions[model]
+            with contextlib.suppress(KeyError):
+                ROUTE_REVISION.remove(model)
+            log.info("route removed", extra={"model": model})

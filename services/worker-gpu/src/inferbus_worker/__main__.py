@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from inferbus_common import tracing
 from inferbus_common.lifecycle import run, stop_event_on_signals
 from inferbus_common.logs import setup_logging
+from inferbus_worker.gpu import register_nvml_collector
 from inferbus_worker.settings import WorkerSettings
 from inferbus_worker.worker import Worker
 
@@ -19,7 +21,12 @@ def main() -> None:
     """Entry point: build settings once, set up logging, run the event loop."""
     settings = WorkerSettings()
     setup_logging("worker", settings.log_level, settings.log_format)
-    run(lambda: serve(settings), use_uvloop=settings.use_uvloop)
+    tracing.setup_tracing("worker", settings, settings.instance_id)
+    register_nvml_collector()
+    try:
+        run(lambda: serve(settings), use_uvloop=settings.use_uvloop)
+    finally:
+        tracing.shutdown_tracing()
 
 
 if __name__ == "__main__":

@@ -44,6 +44,17 @@ REDELIVERIES = Counter(
     "Micro-batches received more than once (num_delivered > 1).",
     _LABELS,
 )
+EXECUTION_SLOTS = Gauge(
+    "inferbus_worker_execution_slots",
+    "Engine execution slots (the config's instance_count) of a version this worker serves; "
+    "utilisation = rate(inferbus_worker_compute_seconds_sum) / this.",
+    _LABELS,
+)
+BUSY_SLOTS = Gauge(
+    "inferbus_worker_busy_slots",
+    "Execution slots running a micro-batch at scrape time.",
+    _LABELS,
+)
 MODELS_LOADED = Gauge(
     "inferbus_worker_models_loaded",
     "Model versions this worker serves right now.",
@@ -64,4 +75,20 @@ ARTIFACTS_REJECTED = Counter(
     "inferbus_worker_artifacts_rejected",
     "Versions refused before loading, by reason (signature, digest).",
     ["reason"],
+)
+
+PROCESSING_SECONDS = Histogram(
+    "inferbus_worker_processing_seconds",
+    "Pre/post-processing time per micro-batch, by stage (pre, post).",
+    [*_LABELS, "stage"],
+    buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
+
+CACHE_BYTES = Gauge(
+    "inferbus_worker_cache_bytes",
+    "Bytes of model versions in the local artifact cache (after the last fetch or eviction).",
+)
+CACHE_EVICTIONS = Counter(
+    "inferbus_worker_cache_evictions_total",
+    "Versions removed from the artifact cache to keep it under its size bound (LRU).",
 )

@@ -118,11 +118,13 @@ def ok_reply(
     queue_ms: float,
     compute_ms: float,
     batch_rows: int,
+    stages_ms: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, str], bytes]:
     """Headers and body answering one computed request.
 
     The body holds the request's rows of the outputs it asked for (all when
-    it named none), as a tensor frame.
+    it named none), as a tensor frame. `stages_ms` adds stage timings (e.g.
+    ``pre`` and ``post`` processing) to queue and compute.
 
     Raises:
         InvalidArgument: the request asked for an output the model lacks.
@@ -140,7 +142,9 @@ def ok_reply(
         h.REQUEST_ID: request.entry.request_id,
         h.VERSION: ctx.version,
         h.DIGEST: ctx.digest,
-        h.TIMINGS: h.format_timings({"queue": queue_ms, "compute": compute_ms}),
+        h.TIMINGS: h.format_timings(
+            {"queue": queue_ms, "compute": compute_ms, **(stages_ms or {})}
+        ),
         h.BATCH_SIZE: str(batch_rows),
     }
     if request.entry.traceparent:

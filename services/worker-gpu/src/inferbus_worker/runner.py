@@ -30,6 +30,14 @@ idle nothing waits (the batcher may dispatch early and the engine still
 fills). A merged group is acked, nak'ed or terminated as a whole; if the
 engine rejects a merged input, each batch is retried alone so one bad batch
 cannot fail its neighbours.
+
+Pre/post-processing (`inferbus_worker.processing`, when the version's config
+declares it) runs on the merged batch around the engine, in the same thread
+pool, timed as the ``pre`` and ``post`` stages of ``Ib-Timings``. Requests
+whose rows fail pre-processing are answered ``INVALID_ARGUMENT`` before the
+engine runs; the rest of the batch is computed as usual. (If the engine then
+fails and the batch is redelivered, those requests are answered again; the
+gateway keeps the first answer.)
 """
 
 from __future__ import annotations
@@ -48,8 +56,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
+from opentelemetry.trace import Link, Span
 
 from inferbus_common import headers as h
+from inferbus_common import tracing
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import InvalidArgument, StatusCode
 from inferbus_common.subjects import Subjects
@@ -71,9 +81,13 @@ from inferbus_worker.microbatch import (
     ok_reply,
     split_expired,
 )
+from inferbus_worker.processing import Processing
 from inferbus_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+BATCH_SPAN = "inferbus.worker.batch"
+REQUEST_SPAN = "inferbus.worker.request"
 
 _NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError)
 """Failures talking to NATS: transient, the batch is redelivered."""
@@ -89,6 +103,9 @@ class ModelRunner:
         settings: worker settings (pool, ack wait, deliveries, fetch timing).
         deployed: the version served.
         engine: its engine, loaded and warmed up; the runner closes it.
+        processing: the version's pre/post-processing (None: none); run on
+            each engine batch in the engine's thread pool, timed as the
+            ``pre`` and ``post`` stages.
     """
 
     def __init__(
@@ -99,6 +116,8 @@ class ModelRunner:
         settings: WorkerSettings,
         deployed: DeployedVersion,
         engine: Engine,
+        *,
+        processing: Processing | None = None,
     ) -> None:
         self._nc = nc
         self._js = js
@@ -115,10 +134,15 @@ class ModelRunner:
             max_workers=self._slots, thread_name_prefix=f"engine-{deployed.model}"
         )
         self._psub: JetStreamContext.PullSubscription | None = None
+        self._consumer_config: ConsumerConfig | None = None
         self._pull_task: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._reply_ctx = ReplyContext(deployed.version, deployed.digest)
         self._outputs = [s.name for s in deployed.config.outputs]
+        self._processing = processing
+        if processing is not None:
+            # The engine is asked for its own outputs; post-processing makes the client's.
+            self._outputs = list(processing.engine_outputs)
         self._labels = {"model": deployed.model, "version": deployed.version}
         self._log_extra = {"model": deployed.model, "version": deployed.version}
         self._idle_subject = subjects.idle(settings.pool, deployed.model, deployed.version)
@@ -151,15 +175,21 @@ class ModelRunner:
             # Bounds what a pool holds un-acked; each worker asks for no more than its slots.
             max_ack_pending=self._settings.max_ack_pending,
         )
+        self._consumer_config = config
         await self._js.add_consumer(self._subjects.batch_stream, config)
         self._psub = await self._js.pull_subscribe_bind(
             durable=self.consumer, stream=self._subjects.batch_stream
         )
         self._pull_task = asyncio.create_task(self._pull_loop(), name=f"pull-{self.consumer}")
+        metrics.EXECUTION_SLOTS.labels(**self._labels).set(self._slots)
+        metrics.BUSY_SLOTS.labels(**self._labels).set_function(lambda: self._slots - self._free)
 
     async def stop(self) -> None:
         """Drain: stop pulling, finish and ack in-flight batches, close the engine."""
         self._stopping.set()
+        for gauge in (metrics.EXECUTION_SLOTS, metrics.BUSY_SLOTS):
+            with contextlib.suppress(KeyError):
+                gauge.remove(self.deployed.model, self.deployed.version)
         self._slot_freed.set()
         if self._pull_task is not None:
             await self._pull_task
@@ -194,6 +224,14 @@ class ModelRunner:
                 # No batch within the poll (TimeoutError first: it is an OSError too).
                 self._queue_empty = True
                 continue
+            except (nats.js.errors.ServiceUnavailableError, nats.js.errors.NotFoundError) as exc:
+                # Nobody answers pulls for the consumer: it (or its memory-storage
+                # stream) went away with a nats-server restart. Create it again.
+                log.warning(
+                    "fetch failed: %r; re-creating the consumer", exc, extra=self._log_extra
+                )
+                await self._restore_consumer()
+                continue
             except _NATS_ERRORS as exc:
                 log.warning("fetch failed: %s", exc, extra=self._log_extra)
                 await asyncio.sleep(self._settings.fetch_timeout_s)
@@ -208,6 +246,22 @@ class ModelRunner:
                 task = asyncio.create_task(self._handle(group))
                 self._inflight.add(task)
                 task.add_done_callback(self._finished)
+
+    async def _restore_consumer(self) -> None:
+        """Create the durable consumer again (idempotent); wait a little if that fails.
+
+        The pull subscription itself needs no change: pulls name the stream and
+        consumer, replies come to its own inbox. When the stream is missing too,
+        the batcher re-creates it on its next publish; until then this retries.
+        """
+        assert self._consumer_config is not None
+        try:
+            await self._js.add_consumer(self._subjects.batch_stream, self._consumer_config)
+        except _NATS_ERRORS as exc:
+            log.warning("consumer not re-created yet: %r", exc, extra=self._log_extra)
+            await asyncio.sleep(min(0.5, self._settings.fetch_timeout_s))
+        else:
+            log.info("consumer %s re-created", self.consumer, extra=self._log_extra)
 
     async def _fetch_waiting(self, count: int) -> list[Msg]:
         """Take up to `count` micro-batches that are already waiting, without waiting.
@@ -272,6 +326,70 @@ class ModelRunner:
             log.error("batch handler crashed: %r", task.exception(), extra=self._log_extra)
 
     async def _handle(self, group: list[tuple[Msg, MicroBatch | None]]) -> None:
+        """`_handle_group`, inside the trace spans of the sampled requests it holds."""
+        spans = self._start_spans(group) if tracing.enabled() else None
+        if not spans:
+            await self._handle_group(group)
+            return
+        try:
+            await self._handle_group(group)
+        except BaseException as exc:
+            for span in spans:
+                tracing.end_span(span, "INTERNAL", type(exc).__name__)
+            raise
+        for span in spans:
+            tracing.end_span(span)
+
+    def _start_spans(self, group: list[tuple[Msg, MicroBatch | None]]) -> list[Span]:
+        """Spans of one engine execution, when any request in it is sampled.
+
+        One ``inferbus.worker.batch`` span for the execution, a child of the
+        first sampled request's batcher span and linked to every sampled
+        request's batcher span, and one ``inferbus.worker.request`` span per
+        sampled request (a child of that request's batcher span), so every
+        sampled request's trace reaches the worker.
+        """
+        entries = [e for _, b in group if b is not None for e in b.entries]
+        sampled = [e for e in entries if tracing.is_sampled(e.traceparent)]
+        if not sampled:
+            return []
+        model, version = self.deployed.model, self.deployed.version
+        links = [link for e in sampled if (link := tracing.link_to(e.traceparent)) is not None]
+        batch_span = tracing.start_child_span(
+            BATCH_SPAN,
+            sampled[0].traceparent,
+            kind=tracing.SpanKind.INTERNAL,
+            links=links,
+            attributes={
+                "inferbus.model": model,
+                "inferbus.version": version,
+                "inferbus.batch_requests": len(entries),
+                "inferbus.batch_rows": sum(e.rows for e in entries),
+                "inferbus.merged_batches": len(group),
+            },
+        )
+        spans = [batch_span] if batch_span is not None else []
+        batch_link = [Link(batch_span.get_span_context())] if batch_span is not None else []
+        now = h.now_ns()
+        for e in sampled:
+            span = tracing.start_child_span(
+                REQUEST_SPAN,
+                e.traceparent,
+                links=batch_link,
+                attributes={
+                    "inferbus.model": model,
+                    "inferbus.version": version,
+                    "inferbus.request_id": e.request_id,
+                    "inferbus.queue_ms": max(0.0, (now - e.enqueued_ns) / 1e6)
+                    if e.enqueued_ns
+                    else 0.0,
+                },
+            )
+            if span is not None:
+                spans.append(span)
+        return spans
+
+    async def _handle_group(self, group: list[tuple[Msg, MicroBatch | None]]) -> None:
         msgs = [m for m, _ in group]
         try:
             if group[0][1] is None:
@@ -310,6 +428,9 @@ class ModelRunner:
     async def _reply(self, entry: BatchEntry, headers: dict[str, str], body: bytes, status: str):
         if entry.reply:
             await self._nc.publish(entry.reply, body, headers=headers)
+        if entry.mirror:
+            # Shadow compare: the router's copy goes out after the client's reply.
+            await self._nc.publish(entry.mirror, body, headers=headers)
         metrics.REPLIES.labels(**self._labels, status=status).inc()
 
     async def _fail_all(self, entries: list[BatchEntry], code: StatusCode, message: str) -> None:
@@ -347,6 +468,15 @@ class ModelRunner:
                 return False
             await self._poison(msgs, live_entries, StatusCode.INVALID_ARGUMENT, exc.message)
             return True
+        stages: dict[str, float] = {}
+        if self._processing is not None and self._processing.has_pre:
+            inputs, requests = await self._preprocess(inputs, requests, stages)
+            if not requests:
+                # Every request failed its pre-processing and has been answered.
+                for msg in msgs:
+                    await msg.ack()
+                metrics.BATCHES.labels(**self._labels, outcome="invalid").inc(len(msgs))
+                return True
         start_ns = h.now_ns()
         t0 = time.monotonic()
         try:
@@ -372,9 +502,11 @@ class ModelRunner:
             await self._poison(msgs, live_entries, StatusCode.INTERNAL, "the model failed to run")
             return True
         compute_s = time.monotonic() - t0
+        if self._processing is not None and self._processing.has_post:
+            outputs = await self._postprocess(outputs, stages)
         rows = sum(r.entry.rows for r in requests)
         self._observe(requests, rows, start_ns, compute_s)
-        await self._answer(requests, outputs, rows, start_ns, compute_s)
+        await self._answer(requests, outputs, rows, start_ns, compute_s, stages=stages)
         for msg in msgs:
             await msg.ack()
         metrics.BATCHES.labels(**self._labels, outcome="ok").inc(len(msgs))
@@ -406,6 +538,50 @@ class ModelRunner:
                 with contextlib.suppress(*_NATS_ERRORS):
                     await msg.in_progress()
 
+    async def _preprocess(
+        self,
+        inputs: dict[str, np.ndarray],
+        requests: list[LiveRequest],
+        stages: dict[str, float],
+    ) -> tuple[dict[str, np.ndarray], list[LiveRequest]]:
+        """Run the pre steps on the whole batch; answer the requests whose rows failed.
+
+        Failed rows stay in the engine inputs (zero-filled, so the batch keeps
+        its shape); their requests are answered ``INVALID_ARGUMENT`` here and
+        left out of the returned requests, so their results are never sent.
+        """
+        assert self._processing is not None
+        rows = sum(r.entry.rows for r in requests)
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(self._pool, self._processing.pre, inputs, rows)
+        stages["pre"] = result.seconds * 1000
+        metrics.PROCESSING_SECONDS.labels(**self._labels, stage="pre").observe(result.seconds)
+        if not result.row_errors:
+            return result.inputs, requests
+        kept = []
+        for r in requests:
+            bad = next((i for i in range(r.start, r.stop) if i in result.row_errors), None)
+            if bad is None:
+                kept.append(r)
+                continue
+            message = f"{self._config.name}: row {bad - r.start}: {result.row_errors[bad]}"
+            headers, body = error_reply(
+                self._reply_ctx, r.entry, StatusCode.INVALID_ARGUMENT, message
+            )
+            await self._reply(r.entry, headers, body, StatusCode.INVALID_ARGUMENT.name)
+        return result.inputs, kept
+
+    async def _postprocess(
+        self, outputs: dict[str, np.ndarray], stages: dict[str, float]
+    ) -> dict[str, np.ndarray]:
+        """Run the post steps on the whole batch's engine outputs."""
+        assert self._processing is not None
+        loop = asyncio.get_running_loop()
+        outputs, seconds = await loop.run_in_executor(self._pool, self._processing.post, outputs)
+        stages["post"] = seconds * 1000
+        metrics.PROCESSING_SECONDS.labels(**self._labels, stage="post").observe(seconds)
+        return outputs
+
     def _observe(self, requests: list[LiveRequest], rows: int, start_ns: int, compute_s: float):
         metrics.ROWS.labels(**self._labels).inc(rows)
         metrics.BATCH_SIZE.labels(**self._labels).observe(rows)
@@ -422,6 +598,8 @@ class ModelRunner:
         rows: int,
         start_ns: int,
         compute_s: float,
+        *,
+        stages: dict[str, float] | None = None,
     ) -> None:
         batched = self._config.max_batch_size > 0
         for r in requests:
@@ -437,6 +615,7 @@ class ModelRunner:
                     queue_ms=queue_ms,
                     compute_ms=compute_s * 1000,
                     batch_rows=rows,
+                    stages_ms=stages,
                 )
             except InvalidArgument as exc:
                 headers, body = error_reply(

@@ -21,8 +21,13 @@ class WorkerSettings(ServiceSettings):
     """Worker pool this worker belongs to; it serves versions placed on it."""
     registry_url: str = "127.0.0.1:8070"
     """Registry gRPC address (artifacts are downloaded from it)."""
+    registry_token_file: Path | None = None
+    """File holding the registry's reader token, when the registry requires one."""
     cache_dir: Path = Path("~/.cache/inferbus/artifacts")
     """Local artifact cache."""
+    cache_max_bytes: int = Field(default=0, ge=0)
+    """Bound of the artifact cache in bytes (0 = unbounded). Versions not loaded
+    are evicted least recently used first; a loaded version never is."""
     trusted_keys: list[str] = Field(default_factory=list)
     """Registry public keys this worker trusts, ``<key_id>=<base64>`` (JSON list in
     the environment). When set, only versions signed by one of them are loaded;

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -30,12 +31,20 @@ from types import TracebackType
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from inferbus_common import ops
 from inferbus_common.bus import connect, ensure_batch_stream, shutdown
-from inferbus_common.catalog import Catalog, DeployedVersion, WorkerStatus, ensure_kv
+from inferbus_common.catalog import (
+    Catalog,
+    DeployedVersion,
+    WorkerStatus,
+    ensure_kv,
+    pool_admission,
+)
 from inferbus_common.errors import FailedPrecondition, InferbusError
+from inferbus_common.grpcauth import read_secret
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.signing import SignatureError, parse_trusted_keys, signed_payload, verify
@@ -43,6 +52,9 @@ from inferbus_common.subjects import Subjects, subject_token
 from inferbus_worker import metrics
 from inferbus_worker.artifacts import ArtifactCache, DigestMismatch
 from inferbus_worker.engines import Engine, build_engine, warmup_batch_sizes
+from inferbus_worker.hostspec import HostSpec
+from inferbus_worker.hostspec import detect as detect_spec
+from inferbus_worker.processing import build_processing
 from inferbus_worker.runner import ModelRunner
 from inferbus_worker.settings import WorkerSettings
 
@@ -84,7 +96,12 @@ class Worker:
         self.subjects = Subjects(settings.subject_prefix)
         self._trusted_keys = parse_trusted_keys(settings.trusted_keys)
         self.cache = ArtifactCache(
-            settings.cache_dir, settings.registry_url, timeout_s=settings.registry_timeout_s
+            settings.cache_dir,
+            settings.registry_url,
+            timeout_s=settings.registry_timeout_s,
+            max_bytes=settings.cache_max_bytes,
+            in_use=lambda: set(self.runners) | set(self._loads),
+            registry_token=read_secret(None, settings.registry_token_file),
         )
         self._trt_cache_dir: Path = settings.trt_cache_dir or self.cache.root / "tensorrt"
         self.states: dict[VersionKey, str] = {}
@@ -102,6 +119,14 @@ class Worker:
         self._tasks: list[asyncio.Task[None]] = []
         self._stack = contextlib.AsyncExitStack()
         self._closed = False
+        self.spec = HostSpec()
+        """CPUs, memory and GPUs of this process (detected at start, in the heartbeat)."""
+        self.joined_unix_ms = time.time_ns() // 1_000_000
+        """Start time: pools admit workers oldest first."""
+        self.admission = ""
+        """Why the pool's quota keeps this worker out ('' = admitted)."""
+        self._lazy_requested: set[VersionKey] = set()
+        """Lazy versions a load hint asked for (see `_on_load_hint`)."""
 
     # --- lifecycle -----------------------------------------------------------
     async def __aenter__(self) -> Worker:
@@ -125,7 +150,9 @@ class Worker:
         self.metrics_port = sock.getsockname()[1]
         await self._stack.enter_async_context(ops.serve_http(ops.ops_app(self.readiness), sock))
         ops.write_ports_file(self.settings.ports_file, {"metrics": self.metrics_port})
-        self._nc = await connect(self.settings.nats_url, self.instance_id)
+        self._nc = await connect(
+            self.settings.nats_url, self.instance_id, **self.settings.nats_auth()
+        )
         js = self._nc.jetstream()
         await ensure_batch_stream(js, self.subjects)
         self._workers_kv = await ensure_kv(js, self.subjects.workers_bucket)
@@ -133,6 +160,10 @@ class Worker:
         await self._catalog.__aenter__()
         await self._catalog.wait_loaded()
         self._catalog_loaded = True
+        self.spec = await asyncio.to_thread(detect_spec)
+        # Lazy versions load when a gateway publishes a hint for them (every
+        # worker sees every hint; those whose pool serves the version load it).
+        await self._nc.subscribe(self.subjects.load_hint_all, cb=self._on_load_hint)
         log.info(
             "worker started",
             extra={
@@ -184,9 +215,17 @@ class Worker:
             return False, "not connected to NATS"
         if not self._catalog_loaded:
             return False, "catalog not loaded"
+        if self.admission:
+            return False, self.admission
         if not self.states:
             return True, f"no version is placed on pool '{self.settings.pool}'"
-        return True, "; ".join(f"{m}/{v}: {s}" for (m, v), s in sorted(self.states.items()))
+        listing = "; ".join(f"{m}/{v}: {s}" for (m, v), s in sorted(self.states.items()))
+        states = self.states.values()
+        if "loading" in states and "ready" not in states:
+            # Starting up: nothing it could pull yet. Rollouts wait for this before
+            # taking down the worker it replaces.
+            return False, listing
+        return True, listing
 
     @property
     def _heartbeat_key(self) -> str:
@@ -208,7 +247,35 @@ class Worker:
             ts_ms=int(time.time() * 1000),
             host=socket.gethostname(),
             pid=os.getpid(),
+            cpus=self.spec.cpus,
+            memory_bytes=self.spec.memory_bytes,
+            gpu_type=self.spec.gpu_type,
+            gpu_count=self.spec.gpu_count,
+            joined_unix_ms=self.joined_unix_ms,
+            admitted=not self.admission,
+            reason=self.admission,
         )
+
+    def _update_admission(self) -> None:
+        """Recompute whether the pool's quota admits this worker (from live heartbeats)."""
+        assert self._catalog is not None
+        pool = self.settings.pool
+        me = self.status()
+        members = [
+            w
+            for w in self._catalog.workers.values()
+            if w.pool == pool and w.worker_id != me.worker_id and w.is_fresh(15.0)
+        ]
+        reason = pool_admission(pool, [*members, me], self._catalog.pools.get(pool)).get(
+            me.worker_id, ""
+        )
+        if reason != self.admission:
+            if reason:
+                log.warning("not admitted: %s", reason, extra={"pool": pool})
+            else:
+                log.info("admitted to pool %s", pool, extra={"pool": pool})
+            self.admission = reason
+            self._status_changed.set()
 
     async def _heartbeat_loop(self) -> None:
         assert self._workers_kv is not None
@@ -227,11 +294,19 @@ class Worker:
         """Versions this worker should serve, per the catalog."""
         assert self._catalog is not None
         out: dict[VersionKey, DeployedVersion] = {}
+        if self.admission:
+            return out  # over the pool's quota: serve nothing until admitted
         for (model, version), dv in self._catalog.versions.items():
             route = self._catalog.routes.get(model)
             if route is None or dv.config.pool != self.settings.pool:
                 continue
-            if version == route.stable or version in route.aliases.values():
+            if dv.config.generative:
+                continue  # served by the LLM worker (inferbus_worker.llm)
+            # Canary and shadow versions get traffic from the router too.
+            if (
+                version in (route.stable, route.canary, route.shadow)
+                or version in route.aliases.values()
+            ):
                 out[(model, version)] = dv
         return out
 
@@ -247,10 +322,16 @@ class Worker:
             await _wait_event(self._changed, wait)
 
     async def _reconcile(self) -> None:
+        self._update_admission()
         want = self.desired()
         now = time.monotonic()
+        self._lazy_requested &= set(want)  # an unrouted lazy version starts lazy again
         for key, dv in want.items():
             if key in self.runners or key in self._loads:
+                continue
+            if dv.config.load_policy == "lazy" and key not in self._lazy_requested:
+                if self.states.get(key) != "lazy":
+                    self._set_state(key, "lazy")  # routed, waits for its first request
                 continue
             if self._retry_at.get(key, 0.0) > now:
                 continue
@@ -272,6 +353,7 @@ class Worker:
             metrics.MODELS_LOADED.set(len(self.runners))
             log.info("unloading", extra={"model": key[0], "version": key[1]})
             await runner.stop()
+            self.cache.mark_used(*key)  # used until now: evicted after older versions
             self._set_state(key, None)
         for key in [
             k
@@ -280,6 +362,20 @@ class Worker:
         ]:
             self._retry_at.pop(key, None)
             self._set_state(key, None)
+
+    async def _on_load_hint(self, msg: Msg) -> None:
+        """A request wants a lazy version: load it if this worker's pool serves it."""
+        try:
+            doc = json.loads(msg.data)
+            key = (str(doc["model"]), str(doc["version"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring a malformed load hint on %s", msg.subject)
+            return
+        if self._closed or key in self._lazy_requested or key not in self.desired():
+            return
+        log.info("load hint: loading lazy version", extra={"model": key[0], "version": key[1]})
+        self._lazy_requested.add(key)
+        self._changed.set()
 
     def _check_signature(self, dv: DeployedVersion) -> None:
         """Refuse a version not signed by a trusted registry key (when keys are configured).
@@ -308,8 +404,15 @@ class Worker:
             directory = await self.cache.fetch(dv)
             engine = build_engine(dv.config, directory, trt_cache_dir=self._trt_cache_dir)
             await asyncio.to_thread(_load_engine, engine, dv.config)
+            processing = await asyncio.to_thread(build_processing, dv.config, directory)
             runner = ModelRunner(
-                self._nc, self._nc.jetstream(), self.subjects, self.settings, dv, engine
+                self._nc,
+                self._nc.jetstream(),
+                self.subjects,
+                self.settings,
+                dv,
+                engine,
+                processing=processing,
             )
             await runner.start()
         except BaseException as exc:

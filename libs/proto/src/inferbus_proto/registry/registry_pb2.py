@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _POOL.AddSerializedFile(b'\n&inferbus_proto/registry/registry.proto\x12\x14inferbus.registry.v1\"R\n\nPushHeader\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\x0c\x12\x0f\n\x07\x61liases\x18\x04 \x03(\t\"\'\n\tFileChunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"y\n\tPushChunk\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .inferbus.registry.v1.PushHeaderH\x00\x12\x30\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1f.inferbus.registry.v1.FileChunkH\x00\x42\x06\n\x04kind\"7\n\tFileEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"\xc3\x01\n\x0bVersionInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\x0c\x12\x15\n\rmanifest_json\x18\x04 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t\x12\x0f\n\x07\x61liases\x18\x06 \x03(\t\x12.\n\x05\x66iles\x18\x07 \x03(\x0b\x32\x1f.inferbus.registry.v1.FileEntry\x12\x17\n\x0f\x63reated_unix_ms\x18\x08 \x01(\x03\"\x9a\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08versions\x18\x02 \x03(\t\x12=\n\x07\x61liases\x18\x03 \x03(\x0b\x32,.inferbus.registry.v1.ModelInfo.AliasesEntry\x1a.\n\x0c\x41liasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x13\n\x11ListModelsRequest\"E\n\x12ListModelsResponse\x12/\n\x06models\x18\x01 \x03(\x0b\x32\x1f.inferbus.registry.v1.ModelInfo\"3\n\x11GetVersionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"@\n\x0fSetAliasRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x61lias\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\"C\n\x13\x44ownloadFileRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t2\xd6\x03\n\x08Registry\x12U\n\x0bPushVersion\x12\x1f.inferbus.registry.v1.PushChunk\x1a!.inferbus.registry.v1.VersionInfo\"\x00(\x01\x12\x61\n\nListModels\x12\'.inferbus.registry.v1.ListModelsRequest\x1a(.inferbus.registry.v1.ListModelsResponse\"\x00\x12Z\n\nGetVersion\x12\'.inferbus.registry.v1.GetVersionRequest\x1a!.inferbus.registry.v1.VersionInfo\"\x00\x12T\n\x08SetAlias\x12%.inferbus.registry.v1.SetAliasRequest\x1a\x1f.inferbus.registry.v1.ModelInfo\"\x00\x12^\n\x0c\x44ownloadFile\x12).inferbus.registry.v1.DownloadFileRequest\x1a\x1f.inferbus.registry.v1.FileChunk\"\x00\x30\x01\x62\x06proto3')
+DESCRIPTOR = _POOL.AddSerializedFile(b'\n&inferbus_proto/registry/registry.proto\x12\x14inferbus.registry.v1\"R\n\nPushHeader\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\x0c\x12\x0f\n\x07\x61liases\x18\x04 \x03(\t\"\'\n\tFileChunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"y\n\tPushChunk\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32 .inferbus.registry.v1.PushHeaderH\x00\x12\x30\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x1f.inferbus.registry.v1.FileChunkH\x00\x42\x06\n\x04kind\"7\n\tFileEntry\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0e\n\x06sha256\x18\x03 \x01(\t\"\xd5\x01\n\x0bVersionInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\x0c\x12\x15\n\rmanifest_json\x18\x04 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t\x12\x0f\n\x07\x61liases\x18\x06 \x03(\t\x12.\n\x05\x66iles\x18\x07 \x03(\x0b\x32\x1f.inferbus.registry.v1.FileEntry\x12\x17\n\x0f\x63reated_unix_ms\x18\x08 \x01(\x03\x12\x10\n\x08\x61rchived\x18\x14 \x01(\x08\"\xbe\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08versions\x18\x02 \x03(\t\x12=\n\x07\x61liases\x18\x03 \x03(\x0b\x32,.inferbus.registry.v1.ModelInfo.AliasesEntry\x12\x10\n\x08\x61rchived\x18\n \x03(\t\x12\x10\n\x08unloaded\x18\x0b \x01(\x08\x1a.\n\x0c\x41liasesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x13\n\x11ListModelsRequest\"E\n\x12ListModelsResponse\x12/\n\x06models\x18\x01 \x03(\x0b\x32\x1f.inferbus.registry.v1.ModelInfo\"3\n\x11GetVersionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"@\n\x0fSetAliasRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x61lias\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\"C\n\x13\x44ownloadFileRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\"M\n\x15\x41rchiveVersionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x14\n\x0crequested_by\x18\x03 \x01(\t\"L\n\x14\x44\x65leteVersionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x14\n\x0crequested_by\x18\x03 \x01(\t\"Z\n\x11SetServingRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07serving\x18\x02 \x01(\x08\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x14\n\x0crequested_by\x18\x04 \x01(\t\"1\n\x0fGetRouteRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07history\x18\x02 \x01(\x05\"K\n\nRouteState\x12\x12\n\nroute_json\x18\x01 \x01(\x0c\x12\x13\n\x0bkv_revision\x18\x02 \x01(\x04\x12\x14\n\x0chistory_json\x18\x03 \x03(\x0c\"\xb8\x02\n\x11SetTrafficRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x06\x63\x61nary\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x1a\n\rcanary_weight\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x06shadow\x18\x04 \x01(\tH\x02\x88\x01\x01\x12\x18\n\x0bshadow_rate\x18\x05 \x01(\x01H\x03\x88\x01\x01\x12\x13\n\x06sticky\x18\x06 \x01(\tH\x04\x88\x01\x01\x12\x11\n\x04pool\x18\x07 \x01(\tH\x05\x88\x01\x01\x12\x1c\n\x14\x65xpected_kv_revision\x18\x08 \x01(\x04\x12\x12\n\nupdated_by\x18\t \x01(\t\x12\x0e\n\x06\x63hange\x18\n \x01(\tB\t\n\x07_canaryB\x10\n\x0e_canary_weightB\t\n\x07_shadowB\x0e\n\x0c_shadow_rateB\t\n\x07_stickyB\x07\n\x05_pool\"\xa2\x02\n\x13StartRolloutRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05steps\x18\x03 \x03(\x01\x12\x12\n\ninterval_s\x18\x04 \x01(\x01\x12\x1b\n\x0emax_error_rate\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x1a\n\rmax_p99_ratio\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x19\n\x0cmin_requests\x18\x07 \x01(\x05H\x02\x88\x01\x01\x12\x0f\n\x07on_fail\x18\x08 \x01(\t\x12\x14\n\x0crequested_by\x18\t \x01(\t\x12\x17\n\x0fready_timeout_s\x18\n \x01(\x01\x42\x11\n\x0f_max_error_rateB\x10\n\x0e_max_p99_ratioB\x0f\n\r_min_requests\"\"\n\x11GetRolloutRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\\\n\x15\x43ontrolRolloutRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x14\n\x0crequested_by\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"$\n\x0cRolloutState\x12\x14\n\x0crollout_json\x18\x01 \x01(\x0c\"\x12\n\x10ListPoolsRequest\"\x85\x02\n\nPoolWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04\x63pus\x18\x03 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x03\x12\x10\n\x08gpu_type\x18\x05 \x01(\t\x12\x11\n\tgpu_count\x18\x06 \x01(\x05\x12\x10\n\x08\x61\x64mitted\x18\x07 \x01(\x08\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12<\n\x06models\x18\t \x03(\x0b\x32,.inferbus.registry.v1.PoolWorker.ModelsEntry\x1a-\n\x0bModelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf9\x01\n\x08PoolInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bmax_workers\x18\x02 \x01(\x05\x12\x10\n\x08max_gpus\x18\x03 \x01(\x05\x12\r\n\x05state\x18\x04 \x01(\t\x12\x31\n\x07workers\x18\x05 \x03(\x0b\x32 .inferbus.registry.v1.PoolWorker\x12\x12\n\ntotal_gpus\x18\x06 \x01(\x05\x12\x0e\n\x06placed\x18\x07 \x03(\t\x12\x11\n\tqueue_lag\x18\x08 \x01(\x03\x12\x12\n\nupdated_by\x18\t \x01(\t\x12\x17\n\x0fupdated_unix_ms\x18\n \x01(\x03\x12\x12\n\nconfigured\x18\x0b \x01(\x08\"B\n\x11ListPoolsResponse\x12-\n\x05pools\x18\x01 \x03(\x0b\x32\x1e.inferbus.registry.v1.PoolInfo\"\x9e\x01\n\x0eSetPoolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x0bmax_workers\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x15\n\x08max_gpus\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05state\x18\x04 \x01(\tH\x02\x88\x01\x01\x12\x12\n\nupdated_by\x18\x05 \x01(\tB\x0e\n\x0c_max_workersB\x0b\n\t_max_gpusB\x08\n\x06_state2\xde\x0b\n\x08Registry\x12U\n\x0bPushVersion\x12\x1f.inferbus.registry.v1.PushChunk\x1a!.inferbus.registry.v1.VersionInfo\"\x00(\x01\x12\x61\n\nListModels\x12\'.inferbus.registry.v1.ListModelsRequest\x1a(.inferbus.registry.v1.ListModelsResponse\"\x00\x12Z\n\nGetVersion\x12\'.inferbus.registry.v1.GetVersionRequest\x1a!.inferbus.registry.v1.VersionInfo\"\x00\x12T\n\x08SetAlias\x12%.inferbus.registry.v1.SetAliasRequest\x1a\x1f.inferbus.registry.v1.ModelInfo\"\x00\x12^\n\x0c\x44ownloadFile\x12).inferbus.registry.v1.DownloadFileRequest\x1a\x1f.inferbus.registry.v1.FileChunk\"\x00\x30\x01\x12`\n\x0e\x41rchiveVersion\x12+.inferbus.registry.v1.ArchiveVersionRequest\x1a\x1f.inferbus.registry.v1.ModelInfo\"\x00\x12\x62\n\x10UnarchiveVersion\x12+.inferbus.registry.v1.ArchiveVersionRequest\x1a\x1f.inferbus.registry.v1.ModelInfo\"\x00\x12^\n\rDeleteVersion\x12*.inferbus.registry.v1.DeleteVersionRequest\x1a\x1f.inferbus.registry.v1.ModelInfo\"\x00\x12X\n\nSetServing\x12\'.inferbus.registry.v1.SetServingRequest\x1a\x1f.inferbus.registry.v1.ModelInfo\"\x00\x12U\n\x08GetRoute\x12%.inferbus.registry.v1.GetRouteRequest\x1a .inferbus.registry.v1.RouteState\"\x00\x12Y\n\nSetTraffic\x12\'.inferbus.registry.v1.SetTrafficRequest\x1a .inferbus.registry.v1.RouteState\"\x00\x12_\n\x0cStartRollout\x12).inferbus.registry.v1.StartRolloutRequest\x1a\".inferbus.registry.v1.RolloutState\"\x00\x12[\n\nGetRollout\x12\'.inferbus.registry.v1.GetRolloutRequest\x1a\".inferbus.registry.v1.RolloutState\"\x00\x12\x63\n\x0e\x43ontrolRollout\x12+.inferbus.registry.v1.ControlRolloutRequest\x1a\".inferbus.registry.v1.RolloutState\"\x00\x12^\n\tListPools\x12&.inferbus.registry.v1.ListPoolsRequest\x1a\'.inferbus.registry.v1.ListPoolsResponse\"\x00\x12Q\n\x07SetPool\x12$.inferbus.registry.v1.SetPoolRequest\x1a\x1e.inferbus.registry.v1.PoolInfo\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,6 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELINFO_ALIASESENTRY']._loaded_options = None
   _globals['_MODELINFO_ALIASESENTRY']._serialized_options = b'8\001'
+  _globals['_POOLWORKER_MODELSENTRY']._loaded_options = None
+  _globals['_POOLWORKER_MODELSENTRY']._serialized_options = b'8\001'
   _globals['_PUSHHEADER']._serialized_start=64
   _globals['_PUSHHEADER']._serialized_end=146
   _globals['_FILECHUNK']._serialized_start=148
@@ -43,21 +45,53 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FILEENTRY']._serialized_start=312
   _globals['_FILEENTRY']._serialized_end=367
   _globals['_VERSIONINFO']._serialized_start=370
-  _globals['_VERSIONINFO']._serialized_end=565
-  _globals['_MODELINFO']._serialized_start=568
-  _globals['_MODELINFO']._serialized_end=722
-  _globals['_MODELINFO_ALIASESENTRY']._serialized_start=676
-  _globals['_MODELINFO_ALIASESENTRY']._serialized_end=722
-  _globals['_LISTMODELSREQUEST']._serialized_start=724
-  _globals['_LISTMODELSREQUEST']._serialized_end=743
-  _globals['_LISTMODELSRESPONSE']._serialized_start=745
-  _globals['_LISTMODELSRESPONSE']._serialized_end=814
-  _globals['_GETVERSIONREQUEST']._serialized_start=816
-  _globals['_GETVERSIONREQUEST']._serialized_end=867
-  _globals['_SETALIASREQUEST']._serialized_start=869
-  _globals['_SETALIASREQUEST']._serialized_end=933
-  _globals['_DOWNLOADFILEREQUEST']._serialized_start=935
-  _globals['_DOWNLOADFILEREQUEST']._serialized_end=1002
-  _globals['_REGISTRY']._serialized_start=1005
-  _globals['_REGISTRY']._serialized_end=1475
+  _globals['_VERSIONINFO']._serialized_end=583
+  _globals['_MODELINFO']._serialized_start=586
+  _globals['_MODELINFO']._serialized_end=776
+  _globals['_MODELINFO_ALIASESENTRY']._serialized_start=730
+  _globals['_MODELINFO_ALIASESENTRY']._serialized_end=776
+  _globals['_LISTMODELSREQUEST']._serialized_start=778
+  _globals['_LISTMODELSREQUEST']._serialized_end=797
+  _globals['_LISTMODELSRESPONSE']._serialized_start=799
+  _globals['_LISTMODELSRESPONSE']._serialized_end=868
+  _globals['_GETVERSIONREQUEST']._serialized_start=870
+  _globals['_GETVERSIONREQUEST']._serialized_end=921
+  _globals['_SETALIASREQUEST']._serialized_start=923
+  _globals['_SETALIASREQUEST']._serialized_end=987
+  _globals['_DOWNLOADFILEREQUEST']._serialized_start=989
+  _globals['_DOWNLOADFILEREQUEST']._serialized_end=1056
+  _globals['_ARCHIVEVERSIONREQUEST']._serialized_start=1058
+  _globals['_ARCHIVEVERSIONREQUEST']._serialized_end=1135
+  _globals['_DELETEVERSIONREQUEST']._serialized_start=1137
+  _globals['_DELETEVERSIONREQUEST']._serialized_end=1213
+  _globals['_SETSERVINGREQUEST']._serialized_start=1215
+  _globals['_SETSERVINGREQUEST']._serialized_end=1305
+  _globals['_GETROUTEREQUEST']._serialized_start=1307
+  _globals['_GETROUTEREQUEST']._serialized_end=1356
+  _globals['_ROUTESTATE']._serialized_start=1358
+  _globals['_ROUTESTATE']._serialized_end=1433
+  _globals['_SETTRAFFICREQUEST']._serialized_start=1436
+  _globals['_SETTRAFFICREQUEST']._serialized_end=1748
+  _globals['_STARTROLLOUTREQUEST']._serialized_start=1751
+  _globals['_STARTROLLOUTREQUEST']._serialized_end=2041
+  _globals['_GETROLLOUTREQUEST']._serialized_start=2043
+  _globals['_GETROLLOUTREQUEST']._serialized_end=2077
+  _globals['_CONTROLROLLOUTREQUEST']._serialized_start=2079
+  _globals['_CONTROLROLLOUTREQUEST']._serialized_end=2171
+  _globals['_ROLLOUTSTATE']._serialized_start=2173
+  _globals['_ROLLOUTSTATE']._serialized_end=2209
+  _globals['_LISTPOOLSREQUEST']._serialized_start=2211
+  _globals['_LISTPOOLSREQUEST']._serialized_end=2229
+  _globals['_POOLWORKER']._serialized_start=2232
+  _globals['_POOLWORKER']._serialized_end=2493
+  _globals['_POOLWORKER_MODELSENTRY']._serialized_start=2448
+  _globals['_POOLWORKER_MODELSENTRY']._serialized_end=2493
+  _globals['_POOLINFO']._serialized_start=2496
+  _globals['_POOLINFO']._serialized_end=2745
+  _globals['_LISTPOOLSRESPONSE']._serialized_start=2747
+  _globals['_LISTPOOLSRESPONSE']._serialized_end=2813
+  _globals['_SETPOOLREQUEST']._serialized_start=2816
+  _globals['_SETPOOLREQUEST']._serialized_end=2974
+  _globals['_REGISTRY']._serialized_start=2977
+  _globals['_REGISTRY']._serialized_end=4479
 # @@protoc_insertion_point(module_scope)

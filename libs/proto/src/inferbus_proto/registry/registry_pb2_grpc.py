@@ -59,6 +59,61 @@ class RegistryStub:
                 request_serializer=inferbus__proto_dot_registry_dot_registry__pb2.DownloadFileRequest.SerializeToString,
                 response_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.FileChunk.FromString,
                 _registered_method=True)
+        self.ArchiveVersion = channel.unary_unary(
+                '/inferbus.registry.v1.Registry/ArchiveVersion',
+                request_serializer=inferbus__proto_dot_registry_dot_registry__pb2.ArchiveVersionRequest.SerializeToString,
+                response_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.ModelInfo.FromString,
+                _registered_method=True)
+        self.UnarchiveVersion = channel.unary_unary(
+                '/inferbus.registry.v1.Registry/UnarchiveVersion',
+                request_serializer=inferbus__proto_dot_registry_dot_registry__pb2.ArchiveVersionRequest.SerializeToString,
+                response_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.ModelInfo.FromString,
+                _registered_method=True)
+        self.DeleteVersion = channel.unary_unary(
+                '/inferbus.registry.v1.Registry/DeleteVersion',
+                request_serializer=inferbus__proto_dot_registry_dot_registry__pb2.DeleteVersionRequest.SerializeToString,
+                response_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.ModelInfo.FromString,
+                _registered_method=True)
+        self.SetServing = channel.unary_unary(
+                '/inferbus.registry.v1.Registry/SetServing',
+                request_serializer=inferbus__proto_dot_registry_dot_registry__pb2.SetServingRequest.SerializeToString,
+                response_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.ModelInfo.FromString,
+                _registered_method=True)
+        self.GetRoute = channel.unary_unary(
+                '/inferbus.registry.v1.Registry/GetRoute',
+                request_serializer=inferbus__proto_dot_registry_dot_registry__pb2.GetRouteRequest.SerializeToString,
+                response_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.RouteState.FromString,
+                _registered_method=True)
+        self.SetTraffic = channel.unary_unary(
+                '/inferbus.registry.v1.Registry/SetTraffic',
+                request_serializer=inferbus__proto_dot_registry_dot_registry__pb2.SetTrafficRequest.SerializeToString,
+                response_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.RouteState.FromString,
+                _registered_method=True)
+        self.StartRollout = channel.unary_unary(
+                '/inferbus.registry.v1.Registry/StartRollout',
+                request_serializer=inferbus__proto_dot_registry_dot_registry__pb2.StartRolloutRequest.SerializeToString,
+                response_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.RolloutState.FromString,
+                _registered_method=True)
+        self.GetRollout = channel.unary_unary(
+                '/inferbus.registry.v1.Registry/GetRollout',
+                request_serializer=inferbus__proto_dot_registry_dot_registry__pb2.GetRolloutRequest.SerializeToString,
+                response_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.RolloutState.FromString,
+                _registered_method=True)
+        self.ControlRollout = channel.unary_unary(
+                '/inferbus.registry.v1.Registry/ControlRollout',
+                request_serializer=inferbus__proto_dot_registry_dot_registry__pb2.ControlRolloutRequest.SerializeToString,
+                response_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.RolloutState.FromString,
+                _registered_method=True)
+        self.ListPools = channel.unary_unary(
+                '/inferbus.registry.v1.Registry/ListPools',
+                request_serializer=inferbus__proto_dot_registry_dot_registry__pb2.ListPoolsRequest.SerializeToString,
+                response_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.ListPoolsResponse.FromString,
+                _registered_method=True)
+        self.SetPool = channel.unary_unary(
+                '/inferbus.registry.v1.Registry/SetPool',
+                request_serializer=inferbus__proto_dot_registry_dot_registry__pb2.SetPoolRequest.SerializeToString,
+                response_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.PoolInfo.FromString,
+                _registered_method=True)
 
 
 class RegistryServicer:
@@ -99,6 +154,88 @@ class RegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ArchiveVersion(self, request, context):
+        """Take a version out of serving but keep its files; refused (FAILED_PRECONDITION)
+        while it is the stable, an alias target (other than `latest`), or the route's
+        canary or shadow. Archived versions cannot be aliased until unarchived.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnarchiveVersion(self, request, context):
+        """Make an archived version usable again (it can then be aliased and routed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteVersion(self, request, context):
+        """Remove a version's files and catalog entry; refused like ArchiveVersion.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetServing(self, request, context):
+        """Take a whole model out of serving (route removed, aliases kept) or back in,
+        optionally moving `stable` first (Triton's repository load/unload).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRoute(self, request, context):
+        """The model's routing table (Route JSON), its KV revision and recent history.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetTraffic(self, request, context):
+        """Change canary/shadow/sticky/pool with compare-and-set on the route's KV
+        revision: FAILED_PRECONDITION "route changed, re-read" when someone else
+        wrote in between. Every change bumps `revision` and publishes an event.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartRollout(self, request, context):
+        """Start a progressive rollout (one active per model; FAILED_PRECONDITION otherwise).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRollout(self, request, context):
+        """The model's latest rollout (NOT_FOUND when it never had one).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ControlRollout(self, request, context):
+        """pause | resume | abort | rollback.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPools(self, request, context):
+        """The pool ledger: quotas, release state, workers with their spec, GPUs, placed versions, lag.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPool(self, request, context):
+        """Create or change a pool's quota and release state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RegistryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +263,61 @@ def add_RegistryServicer_to_server(servicer, server):
                     servicer.DownloadFile,
                     request_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.DownloadFileRequest.FromString,
                     response_serializer=inferbus__proto_dot_registry_dot_registry__pb2.FileChunk.SerializeToString,
+            ),
+            'ArchiveVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.ArchiveVersion,
+                    request_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.ArchiveVersionRequest.FromString,
+                    response_serializer=inferbus__proto_dot_registry_dot_registry__pb2.ModelInfo.SerializeToString,
+            ),
+            'UnarchiveVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnarchiveVersion,
+                    request_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.ArchiveVersionRequest.FromString,
+                    response_serializer=inferbus__proto_dot_registry_dot_registry__pb2.ModelInfo.SerializeToString,
+            ),
+            'DeleteVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteVersion,
+                    request_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.DeleteVersionRequest.FromString,
+                    response_serializer=inferbus__proto_dot_registry_dot_registry__pb2.ModelInfo.SerializeToString,
+            ),
+            'SetServing': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetServing,
+                    request_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.SetServingRequest.FromString,
+                    response_serializer=inferbus__proto_dot_registry_dot_registry__pb2.ModelInfo.SerializeToString,
+            ),
+            'GetRoute': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRoute,
+                    request_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.GetRouteRequest.FromString,
+                    response_serializer=inferbus__proto_dot_registry_dot_registry__pb2.RouteState.SerializeToString,
+            ),
+            'SetTraffic': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTraffic,
+                    request_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.SetTrafficRequest.FromString,
+                    response_serializer=inferbus__proto_dot_registry_dot_registry__pb2.RouteState.SerializeToString,
+            ),
+            'StartRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartRollout,
+                    request_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.StartRolloutRequest.FromString,
+                    response_serializer=inferbus__proto_dot_registry_dot_registry__pb2.RolloutState.SerializeToString,
+            ),
+            'GetRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRollout,
+                    request_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.GetRolloutRequest.FromString,
+                    response_serializer=inferbus__proto_dot_registry_dot_registry__pb2.RolloutState.SerializeToString,
+            ),
+            'ControlRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.ControlRollout,
+                    request_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.ControlRolloutRequest.FromString,
+                    response_serializer=inferbus__proto_dot_registry_dot_registry__pb2.RolloutState.SerializeToString,
+            ),
+            'ListPools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPools,
+                    request_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.ListPoolsRequest.FromString,
+                    response_serializer=inferbus__proto_dot_registry_dot_registry__pb2.ListPoolsResponse.SerializeToString,
+            ),
+            'SetPool': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPool,
+                    request_deserializer=inferbus__proto_dot_registry_dot_registry__pb2.SetPoolRequest.FromString,
+                    response_serializer=inferbus__proto_dot_registry_dot_registry__pb2.PoolInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +455,303 @@ class Registry:
             '/inferbus.registry.v1.Registry/DownloadFile',
             inferbus__proto_dot_registry_dot_registry__pb2.DownloadFileRequest.SerializeToString,
             inferbus__proto_dot_registry_dot_registry__pb2.FileChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ArchiveVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferbus.registry.v1.Registry/ArchiveVersion',
+            inferbus__proto_dot_registry_dot_registry__pb2.ArchiveVersionRequest.SerializeToString,
+            inferbus__proto_dot_registry_dot_registry__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnarchiveVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferbus.registry.v1.Registry/UnarchiveVersion',
+            inferbus__proto_dot_registry_dot_registry__pb2.ArchiveVersionRequest.SerializeToString,
+            inferbus__proto_dot_registry_dot_registry__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferbus.registry.v1.Registry/DeleteVersion',
+            inferbus__proto_dot_registry_dot_registry__pb2.DeleteVersionRequest.SerializeToString,
+            inferbus__proto_dot_registry_dot_registry__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetServing(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferbus.registry.v1.Registry/SetServing',
+            inferbus__proto_dot_registry_dot_registry__pb2.SetServingRequest.SerializeToString,
+            inferbus__proto_dot_registry_dot_registry__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRoute(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferbus.registry.v1.Registry/GetRoute',
+            inferbus__proto_dot_registry_dot_registry__pb2.GetRouteRequest.SerializeToString,
+            inferbus__proto_dot_registry_dot_registry__pb2.RouteState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTraffic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferbus.registry.v1.Registry/SetTraffic',
+            inferbus__proto_dot_registry_dot_registry__pb2.SetTrafficRequest.SerializeToString,
+            inferbus__proto_dot_registry_dot_registry__pb2.RouteState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferbus.registry.v1.Registry/StartRollout',
+            inferbus__proto_dot_registry_dot_registry__pb2.StartRolloutRequest.SerializeToString,
+            inferbus__proto_dot_registry_dot_registry__pb2.RolloutState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferbus.registry.v1.Registry/GetRollout',
+            inferbus__proto_dot_registry_dot_registry__pb2.GetRolloutRequest.SerializeToString,
+            inferbus__proto_dot_registry_dot_registry__pb2.RolloutState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ControlRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferbus.registry.v1.Registry/ControlRollout',
+            inferbus__proto_dot_registry_dot_registry__pb2.ControlRolloutRequest.SerializeToString,
+            inferbus__proto_dot_registry_dot_registry__pb2.RolloutState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferbus.registry.v1.Registry/ListPools',
+            inferbus__proto_dot_registry_dot_registry__pb2.ListPoolsRequest.SerializeToString,
+            inferbus__proto_dot_registry_dot_registry__pb2.ListPoolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferbus.registry.v1.Registry/SetPool',
+            inferbus__proto_dot_registry_dot_registry__pb2.SetPoolRequest.SerializeToString,
+            inferbus__proto_dot_registry_dot_registry__pb2.PoolInfo.FromString,
             options,
             channel_credentials,
             insecure,

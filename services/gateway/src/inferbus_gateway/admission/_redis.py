@@ -35,19 +35,24 @@ def reraise_if_cancelling() -> None:
         raise asyncio.CancelledError
 
 
-def connect_redis(url: str, *, timeout_s: float = 0.25) -> aioredis.Redis:
+def connect_redis(
+    url: str, *, timeout_s: float = 0.25, password: str | None = None
+) -> aioredis.Redis:
     """Build an asyncio Redis client tuned for the request path.
 
     Args:
         url: ``redis://host:port/db`` (``rediss://`` for TLS).
         timeout_s: connect and socket timeout; a stalled Redis costs a request at
             most this long before the caller falls back.
+        password: AUTH password when the URL carries none.
 
     Returns:
         A client (connections are opened lazily, on first use).
     """
+    extra = {"password": password} if password else {}
     return aioredis.Redis.from_url(
         url,
+        **extra,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),

@@ -26,6 +26,7 @@ from inferbus_gateway.admission.auth import Authenticator, JwtVerifier, KeyStore
 from inferbus_gateway.admission.breaker import BreakerBoard
 from inferbus_gateway.admission.quota import QuotaKeeper
 from inferbus_gateway.admission.ratelimit import RateLimiter
+from inferbus_gateway.admission.tokens import TokenLimiter
 from inferbus_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,11 @@ class Admission:
         limiter: RateLimiter | None = None,
         quotas: QuotaKeeper | None = None,
         breakers: BreakerBoard | None = None,
+        tokens: TokenLimiter | None = None,
     ) -> None:
         self.authenticator = authenticator
+        self.tokens = tokens
+        """Tokens-per-minute limits of generative requests (None: none; needs Redis)."""
         self.limiter = limiter
         self.quotas = quotas
         self.breakers = breakers
@@ -69,7 +73,11 @@ class Admission:
         """
         keys = AdmissionKeys(settings.redis_key_prefix)
         redis = (
-            connect_redis(settings.redis_url, timeout_s=settings.redis_timeout_s)
+            connect_redis(
+                settings.redis_url,
+                timeout_s=settings.redis_timeout_s,
+                password=settings.redis_secret(),
+            )
             if (settings.redis_url)
             else None
         )
@@ -130,7 +138,13 @@ class Admission:
                 gateway_ttl_s=settings.ratelimit_gateway_ttl_s,
             )
             async with limiter:
-                yield cls(authenticator, limiter=limiter, quotas=quotas, breakers=breakers)
+                yield cls(
+                    authenticator,
+                    limiter=limiter,
+                    quotas=quotas,
+                    breakers=breakers,
+                    tokens=TokenLimiter(redis, keys.prefix),
+                )
         finally:
             if redis is not None:
                 await redis.aclose()

@@ -188,6 +188,7 @@ class QuotaKeeper:
         self._redis = redis
         self._keys = keys
         self.failure_mode = failure_mode
+        QUOTA_DEGRADED.labels(failure_mode).set(0)  # exported (0) before any outage, for alerts
         self._ttl = config_ttl_s
         self._wall_clock = wall_clock
         self._clock = clock

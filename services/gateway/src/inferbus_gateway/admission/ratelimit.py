@@ -86,6 +86,16 @@ REQUEST_WAITS = Counter(
     "inferbus_gateway_ratelimit_request_waits_total",
     "Requests that had to wait for a lease from Redis (the rest spend leased tokens).",
 )
+ADMITTED = Counter(
+    "inferbus_gateway_ratelimit_admitted_total",
+    "Requests a QPS limit applied to and let through, by how: cluster (tokens leased "
+    "from Redis), degraded (this gateway's share while Redis is down), instance (only "
+    "the per-instance limit applied). Refusals: inferbus_gateway_ratelimit_rejected_total.",
+    ["mode"],
+)
+_ADMITTED_CLUSTER = ADMITTED.labels("cluster")
+_ADMITTED_DEGRADED = ADMITTED.labels("degraded")
+_ADMITTED_INSTANCE = ADMITTED.labels("instance")
 
 FailureMode = Literal["fail-open", "fail-closed"]
 
@@ -399,6 +409,7 @@ class RateLimiter:
         self._keys = keys
         self.instance_id = instance_id
         self.failure_mode: FailureMode = failure_mode
+        DEGRADED.labels(failure_mode).set(0)  # exported (0) before any outage, for alerts
         self._lease_ttl_s = lease_ttl_s
         self._reload_interval_s = reload_interval_s
         self._gateway_ttl_ms = int(gateway_ttl_s * 1000)
@@ -596,8 +607,12 @@ class RateLimiter:
             if leases:
                 if self._degraded:
                     self._acquire_degraded(leases, now)
+                    _ADMITTED_DEGRADED.inc()
                 else:
                     await self._acquire_cluster(leases, now)
+                    _ADMITTED_CLUSTER.inc()
+            elif instance is not None:
+                _ADMITTED_INSTANCE.inc()
         except BaseException:
             if instance is not None:
                 instance.give_back()

@@ -8,8 +8,10 @@ from typing import TypeVar
 
 import grpc
 
-from inferbus_common.errors import InferbusError, ResourceExhausted, status_of
+from inferbus_common.errors import InferbusError, ResourceExhausted, Unavailable, status_of
+from inferbus_gateway.access import RequestScope
 from inferbus_gateway.grpc_api.converters import request_from_proto, response_to_proto
+from inferbus_gateway.repository import RepositoryExtension
 from inferbus_gateway.service import InferenceService
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 from inferbus_proto.v2 import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -46,8 +48,63 @@ def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
 class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """KServe V2 gRPC servicer."""
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(
+        self,
+        service: InferenceService,
+        *,
+        access_log: bool = True,
+        repository: RepositoryExtension | None = None,
+    ) -> None:
         self._service = service
+        self._access_log = access_log
+        self._repository = repository
+
+    # --- Triton's model repository extension (inferbus_gateway.repository) ----------
+    def _repo(self) -> RepositoryExtension:
+        if self._repository is None:
+            raise Unavailable(
+                "the model repository extension is off: set INFERBUS_GATEWAY_REGISTRY_URL"
+            )
+        return self._repository
+
+    async def RepositoryIndex(self, request, context):
+        """Every registry version with its Triton state (READY, LOADING, UNAVAILABLE)."""
+
+        async def run() -> pb.RepositoryIndexResponse:
+            ext = self._repo()
+            entries = await ext.run(
+                "index", lambda: ext.index(_metadata(context), ready_only=request.ready)
+            )
+            resp = pb.RepositoryIndexResponse()
+            for e in entries:
+                resp.models.add(name=e.name, version=e.version, state=e.state, reason=e.reason)
+            return resp
+
+        return await _guard(context, run)
+
+    async def RepositoryModelLoad(self, request, context):
+        """Put a model into serving (optionally a given "version") and wait until ready."""
+
+        async def run() -> pb.RepositoryModelLoadResponse:
+            ext = self._repo()
+            params = {
+                k: getattr(v, v.WhichOneof("parameter_choice") or "string_param")
+                for k, v in request.parameters.items()
+            }
+            await ext.run("load", lambda: ext.load(_metadata(context), request.model_name, params))
+            return pb.RepositoryModelLoadResponse()
+
+        return await _guard(context, run)
+
+    async def RepositoryModelUnload(self, request, context):
+        """Take a model out of serving (files and aliases kept)."""
+
+        async def run() -> pb.RepositoryModelUnloadResponse:
+            ext = self._repo()
+            await ext.run("unload", lambda: ext.unload(_metadata(context), request.model_name))
+            return pb.RepositoryModelUnloadResponse()
+
+        return await _guard(context, run)
 
     async def ServerLive(self, request, context):
         """Liveness."""
@@ -89,10 +146,16 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Run one inference request."""
 
         async def run() -> pb.ModelInferResponse:
-            canonical = request_from_proto(request, context.time_remaining())
             headers = _metadata(context)
-            canonical.traceparent = headers.get("traceparent", "")
-            response = await self._service.infer(canonical, "grpc", headers)
+            scope = RequestScope(
+                "grpc", request.model_name, headers.get("traceparent", ""), self._access_log
+            )
+            with scope:
+                canonical = request_from_proto(request, context.time_remaining())
+                canonical.traceparent = scope.traceparent
+                scope.request = canonical
+                response = await self._service.infer(canonical, "grpc", headers)
+                scope.response = response
             if response.degraded:
                 context.set_trailing_metadata((("x-inferbus-degraded", response.degraded),))
             return response_to_proto(response)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -16,8 +17,13 @@ from inferbus_common.errors import (
     Unauthenticated,
     status_of,
 )
+from inferbus_gateway.access import RequestScope
 from inferbus_gateway.admission import BreakerOpen
+from inferbus_gateway.generation import GenerationService
+from inferbus_gateway.repository import RepositoryExtension
 from inferbus_gateway.rest.codec import HEADER_LENGTH, request_from_http, response_to_http
+from inferbus_gateway.rest.openai import openai_routes
+from inferbus_gateway.rest.repository import repository_routes
 from inferbus_gateway.service import InferenceService
 
 log = logging.getLogger(__name__)
@@ -39,12 +45,44 @@ def _error(exc: BaseException) -> Response:
     return JSONResponse({"error": message}, status_code=code.http_status, headers=headers)
 
 
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused as soon as it grows past `limit` bytes.
+
+    A chunked body declares no length; reading it whole first (as
+    ``request.body()`` does) would let one client make the gateway hold any
+    amount of memory before the size check.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise InvalidArgument(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _server_timing(timings: dict[str, float]) -> str:
     return ", ".join(f"{k};dur={v:.3f}" for k, v in timings.items())
 
 
-def rest_app(service: InferenceService, max_body_bytes: int) -> Starlette:
-    """Build the V2 REST app around an `InferenceService`."""
+def rest_app(
+    service: InferenceService,
+    max_body_bytes: int,
+    *,
+    access_log: bool = True,
+    repository: RepositoryExtension | None = None,
+    generation: GenerationService | None = None,
+) -> Starlette:
+    """Build the V2 REST app around an `InferenceService`.
+
+    Args:
+        service: the protocol-neutral gateway.
+        max_body_bytes: largest request body accepted.
+        access_log: write one access-log line per inference request.
+        repository: Triton's model repository extension (None: its routes are absent).
+        generation: the OpenAI-compatible endpoints (None: their routes are absent).
+    """
 
     async def live(_: Request) -> Response:
         return JSONResponse({"live": service.live()})
@@ -71,17 +109,15 @@ def rest_app(service: InferenceService, max_body_bytes: int) -> Starlette:
 
     async def infer(request: Request) -> Response:
         p = request.path_params
+        scope = RequestScope("http", p["model"], request.headers.get("traceparent", ""), access_log)
         try:
+            scope.start()
             declared = request.headers.get("content-length")
             if declared is not None and int(declared) > max_body_bytes:
                 raise InvalidArgument(
                     f"request body of {declared} bytes exceeds the limit of {max_body_bytes}"
                 )
-            body = await request.body()
-            if len(body) > max_body_bytes:
-                raise InvalidArgument(
-                    f"request body of {len(body)} bytes exceeds the limit of {max_body_bytes}"
-                )
+            body = await _read_body(request, max_body_bytes)
             hl = request.headers.get(HEADER_LENGTH)
             timeout_ms = request.headers.get(TIMEOUT_HEADER)
             try:
@@ -91,17 +127,31 @@ def rest_app(service: InferenceService, max_body_bytes: int) -> Starlette:
                 raise InvalidArgument(
                     f"{HEADER_LENGTH} and {TIMEOUT_HEADER} must be numbers"
                 ) from None
+            if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s > 0):
+                # A zero, negative, NaN or infinite deadline is the client's mistake,
+                # not a request that timed out in the platform.
+                raise InvalidArgument(
+                    f"{TIMEOUT_HEADER} must be a positive, finite number of milliseconds"
+                )
             req, binary_outputs, binary_all = request_from_http(
                 p["model"], p.get("version", ""), body, header_length, timeout_s
             )
-            req.traceparent = request.headers.get("traceparent", "")
+            req.traceparent = scope.traceparent
+            scope.request = req
             resp = await service.infer(req, "http", request.headers)
+            scope.response = resp
             payload, json_len = response_to_http(resp, binary_outputs, binary_all)
         except InferbusError as exc:
+            scope.finish(exc)
             return _error(exc)
         except Exception as exc:
             log.exception("unhandled error in REST infer")
+            scope.finish(exc)
             return _error(exc)
+        except BaseException as exc:
+            scope.finish(exc)
+            raise
+        scope.finish(None)
         headers = {"Server-Timing": _server_timing(resp.timings_ms)}
         if resp.degraded:
             headers["X-Inferbus-Degraded"] = resp.degraded
@@ -121,5 +171,9 @@ def rest_app(service: InferenceService, max_body_bytes: int) -> Starlette:
             Route("/v2/models/{model}/versions/{version}/ready", model_ready),
             Route("/v2/models/{model}/infer", infer, methods=["POST"]),
             Route("/v2/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
+            # Triton's model repository extension (when the registry address is set).
+            *(repository_routes(repository) if repository is not None else []),
+            # OpenAI-compatible generative endpoints (/v1/...).
+            *(openai_routes(generation) if generation is not None else []),
         ]
     )

@@ -31,15 +31,20 @@ HEADER_LENGTH = "inference-header-content-length"
 def _json_data_to_raw(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> bytes:
     count = element_count(shape)
     if datatype == BYTES:
-        flat = np.asarray(data, dtype=object).reshape(-1)
-        if flat.size != count:
-            raise InvalidArgument(
-                f"input '{name}': {flat.size} values in data but shape {list(shape)} needs {count}"
-            )
-        return serialize_bytes(flat)
+        try:
+            flat = np.asarray(data, dtype=object).reshape(-1)
+            if flat.size != count:
+                raise InvalidArgument(
+                    f"input '{name}': {flat.size} values in data but shape {list(shape)} "
+                    f"needs {count}"
+                )
+            return serialize_bytes(flat)
+        except (ValueError, TypeError, OverflowError) as exc:
+            # Ragged lists, or elements that are neither strings nor bytes.
+            raise InvalidArgument(f"input '{name}': data is not a list of BYTES: {exc}") from None
     try:
         arr = np.asarray(data, dtype=numpy_dtype(datatype))
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidArgument(f"input '{name}': data is not a list of {datatype}: {exc}") from None
     if arr.size != count:
         raise InvalidArgument(
@@ -86,7 +91,7 @@ def request_from_http(
         name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
         if not isinstance(name, str) or not name:
             raise InvalidArgument("every input needs a 'name'")
-        if datatype not in ALL_DATATYPES:
+        if not isinstance(datatype, str) or datatype not in ALL_DATATYPES:
             raise InvalidArgument(
                 f"input '{name}': unknown datatype {datatype!r}; expected one of "
                 f"{sorted(ALL_DATATYPES)}"
@@ -121,7 +126,10 @@ def request_from_http(
         raise InvalidArgument("'parameters' must be a JSON object")
     binary_all = bool(req_params.get("binary_data_output", False))
     outputs, binary_outputs = [], set()
-    for out in doc.get("outputs") or []:
+    requested = doc.get("outputs") or []
+    if not isinstance(requested, list):
+        raise InvalidArgument("'outputs' must be a list of objects with a 'name'")
+    for out in requested:
         if not isinstance(out, dict) or not isinstance(out.get("name"), str):
             raise InvalidArgument("each requested output must be an object with a 'name'")
         outputs.append(out["name"])
