@@ -3,6 +3,9 @@
 #   make images [VERSION=0.1.0] [REGISTRY=inferbus] [PUSH=1]
 #   make test | make lint
 #   make up | make down          (compose/docker-compose.yml, secrets in compose/.env)
+#   make secrets && make up SECURE=1   (NATS users, Redis password, registry tokens,
+#                                       gateway TLS: compose/docker-compose.secure.yml)
+#   make up UP_FLAGS="--profile llm"   (also the vLLM worker, one NVIDIA GPU)
 #
 # Every image is built with the repository root as context and labelled with
 # VERSION and GIT_COMMIT (build args of each Dockerfile).
@@ -16,20 +19,24 @@ REGISTRY   ?= inferbus
 PUSH       ?= 0
 DOCKER     ?= docker
 COMPOSE    ?= $(DOCKER) compose
-COMPOSE_FILES := -f compose/docker-compose.yml --env-file compose/.env
+SECURE     ?= 0
+SECURE_FILE := $(if $(filter 1,$(SECURE)), -f compose/docker-compose.secure.yml)
+COMPOSE_FILES := -f compose/docker-compose.yml$(SECURE_FILE) --env-file compose/.env
 # Extra `docker compose up` flags, e.g. UP_FLAGS="--profile cpu --scale worker-gpu=0".
 UP_FLAGS   ?=
 
-# image name -> Dockerfile. The worker has a CPU image and an NVIDIA GPU image.
-IMAGES := gateway router batcher registry worker worker-gpu
+# image name -> Dockerfile. The worker has a CPU image and an NVIDIA GPU image;
+# the LLM worker (vLLM, its own virtualenv) has its own image.
+IMAGES := gateway router batcher registry worker worker-gpu worker-llm
 DOCKERFILE_gateway    := services/gateway/Dockerfile
 DOCKERFILE_router     := services/router/Dockerfile
 DOCKERFILE_batcher    := services/batcher/Dockerfile
 DOCKERFILE_registry   := services/registry/Dockerfile
 DOCKERFILE_worker     := services/worker-gpu/Dockerfile
 DOCKERFILE_worker-gpu := services/worker-gpu/Dockerfile.gpu
+DOCKERFILE_worker-llm := services/worker-gpu/Dockerfile.llm
 
-.PHONY: help images $(addprefix image-,$(IMAGES)) test lint up down
+.PHONY: help images $(addprefix image-,$(IMAGES)) test lint up down secrets
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -58,6 +65,9 @@ up: compose/.env  ## start the compose stack in the background
 down:  ## stop the compose stack (volumes are kept)
 	INFERBUS_IMAGE_REPO=$(REGISTRY) INFERBUS_VERSION=$(VERSION) \
 		$(COMPOSE) $(COMPOSE_FILES) --profile '*' down
+
+secrets:  ## generate compose/secrets (NATS users, Redis, registry tokens, TLS) for SECURE=1
+	compose/secure-init.sh
 
 compose/.env:
 	@echo "compose/.env is missing: cp compose/.env.example compose/.env and set its secrets" >&2

@@ -4,6 +4,7 @@
 #
 #   compose/push-example.sh            # place it on the GPU pool (worker-gpu)
 #   POOL=cpu compose/push-example.sh   # the CPU pool (`--profile cpu` worker-cpu)
+#   SECURE=1 compose/push-example.sh   # the secured stack (make up SECURE=1)
 #
 # Environment:
 #   POOL             worker pool the version is placed on: gpu (default) or cpu
@@ -11,6 +12,9 @@
 #   REGISTRY         registry gRPC HOST:PORT (default 127.0.0.1:8070)
 #   GATEWAY_GRPC     gateway gRPC HOST:PORT (default 127.0.0.1:8001)
 #   READY_TIMEOUT    seconds to wait until a worker serves it (default 180)
+#   SECURE           1: push with the registry admin token and check readiness over
+#                    TLS with the secrets of compose/secure-init.sh
+#   GATEWAY_HTTPS    gateway HTTPS base URL when SECURE=1 (default https://127.0.0.1:8000)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -19,6 +23,12 @@ version="${VERSION:-1}"
 registry="${REGISTRY:-127.0.0.1:8070}"
 gateway="${GATEWAY_GRPC:-127.0.0.1:8001}"
 ready_timeout="${READY_TIMEOUT:-180}"
+secure="${SECURE:-0}"
+secrets="${INFERBUS_SECRETS_DIR:-compose/secrets}"
+if [[ "$secure" == 1 ]]; then
+    # The registry requires a token; the CLI reads it from this file.
+    export INFERBUS_REGISTRY_TOKEN_FILE="${INFERBUS_REGISTRY_TOKEN_FILE:-$secrets/registry-admin.token}"
+fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -39,6 +49,23 @@ PY
 echo "==> pushing fraud version $version (pool $pool, alias stable) to $registry"
 uv run inferbus models push "$work/fraud" --name fraud --version "$version" \
     --alias stable --registry "$registry"
+
+if [[ "$secure" == 1 ]]; then
+    # The gateway serves TLS only; the CLI's gateway calls are plaintext, so ask
+    # the REST API with curl and the stack's certificate instead.
+    https="${GATEWAY_HTTPS:-https://127.0.0.1:8000}"
+    echo "==> waiting up to ${ready_timeout}s for $https to report it ready (TLS)"
+    deadline=$((SECONDS + ready_timeout))
+    until curl -fsS --cacert "$secrets/gateway-tls.crt" "$https/v2/models/fraud/ready" >/dev/null; do
+        if ((SECONDS >= deadline)); then
+            echo "fraud is not ready after ${ready_timeout}s" >&2
+            exit 1
+        fi
+        sleep 2
+    done
+    echo "==> ready; predict with a TLS client (docs/security.md, \"Clients\")"
+    exit 0
+fi
 
 echo "==> waiting up to ${ready_timeout}s for the gateway to report it ready"
 uv run inferbus models wait fraud --url "$gateway" --timeout "$ready_timeout"

@@ -27,10 +27,12 @@ from inferbus_common.settings import ServiceSettings
 from inferbus_gateway.settings import GatewaySettings
 from inferbus_registry.settings import RegistrySettings
 from inferbus_router.settings import RouterSettings
+from inferbus_worker.llm.settings import LlmWorkerSettings
 from inferbus_worker.settings import WorkerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"
+SECURE_COMPOSE_FILE = REPO / "compose" / "docker-compose.secure.yml"
 ENV_EXAMPLE = REPO / "compose" / ".env.example"
 K8S = REPO / "deploy" / "k8s"
 
@@ -177,6 +179,7 @@ SETTINGS_CLASSES: tuple[type[ServiceSettings], ...] = (
     BatcherSettings,
     WorkerSettings,
     RegistrySettings,
+    LlmWorkerSettings,
 )
 
 

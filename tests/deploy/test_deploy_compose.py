@@ -17,8 +17,16 @@ COMPOSE_DIR = REPO / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
 ENV_EXAMPLE = COMPOSE_DIR / ".env.example"
 
-INFERBUS_SERVICES = ("gateway", "router", "batcher", "registry", "worker-gpu", "worker-cpu")
-WORKERS = ("worker-gpu", "worker-cpu")
+INFERBUS_SERVICES = (
+    "gateway",
+    "router",
+    "batcher",
+    "registry",
+    "worker-gpu",
+    "worker-cpu",
+    "worker-llm",
+)
+WORKERS = ("worker-gpu", "worker-cpu", "worker-llm")
 INFRA = (
     "nats",
     "redis",
@@ -34,15 +42,17 @@ INFRA = (
 def test_config_is_valid_with_the_example_env_file(compose_cli: Any) -> None:
     result = compose_cli.config()
     assert result.returncode == 0, result.stderr
-    # Without --profile, the CPU worker stays out; the GPU worker is the default pool.
+    # Without --profile, the CPU and LLM workers stay out; the GPU worker is the default pool.
     services = set(json.loads(result.stdout)["services"])
     assert "worker-gpu" in services
     assert "worker-cpu" not in services
+    assert "worker-llm" not in services
 
 
 def test_every_expected_service_is_defined(compose_model: dict[str, Any]) -> None:
     assert set(INFERBUS_SERVICES + INFRA) <= set(compose_model["services"])
     assert compose_model["services"]["worker-cpu"]["profiles"] == ["cpu"]
+    assert compose_model["services"]["worker-llm"]["profiles"] == ["llm"]
 
 
 def test_secrets_must_come_from_an_env_file(compose_cli: Any, tmp_path: Path) -> None:
@@ -206,3 +216,37 @@ def test_push_example_script_pushes_through_the_registry_port() -> None:
     bash = shutil.which("bash")
     if bash is not None:
         subprocess.run([bash, "-n", str(script)], check=True, timeout=10)
+
+
+def test_llm_worker_runs_its_own_image_on_a_gpu_with_probes_on_8052(
+    compose_model: dict[str, Any],
+) -> None:
+    llm = compose_model["services"]["worker-llm"]
+    assert llm["build"]["dockerfile"] == "services/worker-gpu/Dockerfile.llm"
+    assert llm["image"].split("/")[-1].startswith("worker-llm:")
+    devices = llm["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    env = llm["environment"]
+    assert env["INFERBUS_LLM_POOL"] == "llm"
+    assert env["INFERBUS_LLM_METRICS_PORT"] == "8052"
+    assert "http://127.0.0.1:8052/readyz" in " ".join(llm["healthcheck"]["test"])
+    dockerfile = (REPO / llm["build"]["dockerfile"]).read_text()
+    assert 'ENTRYPOINT ["python", "-m", "inferbus_worker.llm"]' in dockerfile
+    assert "EXPOSE 8052" in dockerfile
+
+
+def test_gateway_gets_the_round_one_settings(compose_model: dict[str, Any]) -> None:
+    env = compose_model["services"]["gateway"]["environment"]
+    # The repository extension reaches the registry by its compose name and port.
+    registry = compose_model["services"]["registry"]["environment"]
+    assert (
+        env["INFERBUS_GATEWAY_REGISTRY_URL"]
+        == f"registry:{registry['INFERBUS_REGISTRY_GRPC_PORT']}"
+    )
+    # Capture and drift cost work per request: off unless the operator sets them.
+    assert float(env["INFERBUS_GATEWAY_CAPTURE_RATE"]) == 0
+    assert float(env["INFERBUS_GATEWAY_DRIFT_SAMPLE_RATE"]) == 0
+    for name in ("gateway", "router", "batcher", "worker-gpu", "worker-cpu", "worker-llm"):
+        service_env = compose_model["services"][name]["environment"]
+        endpoint = next(v for k, v in service_env.items() if k.endswith("_TRACING_OTLP_ENDPOINT"))
+        assert endpoint == "http://otel-collector:4317", name

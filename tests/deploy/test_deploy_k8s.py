@@ -63,7 +63,7 @@ def validate_manifests(docs: list[Manifest]) -> list[str]:
 
 
 def test_overlays_exist() -> None:
-    assert {"dev", "prod", "pool-gpu", "pool-cpu"} <= set(OVERLAYS)
+    assert {"dev", "prod", "pool-gpu", "pool-cpu", "llm", "secure"} <= set(OVERLAYS)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -267,3 +267,21 @@ def test_adding_a_pool_is_one_small_overlay(render: Render, tmp_path: Path) -> N
     (scaled,) = _of_kind(docs, "ScaledObject")
     assert scaled["spec"]["scaleTargetRef"]["name"] == "worker-edge"
     assert scaled["spec"]["triggers"][0]["metadata"]["consumer"] == "w_edge__fraud__1"
+
+
+def test_llm_overlay_runs_the_vllm_image_on_one_gpu(render: Render) -> None:
+    docs = render(K8S / "overlays" / "llm")
+    (deployment,) = _of_kind(docs, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "inferbus/worker-llm:0.1.0"
+    env = _env(container)
+    assert env["INFERBUS_LLM_POOL"] == "llm"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"metrics": 8052}
+    for limits in (container["resources"]["requests"], container["resources"]["limits"]):
+        assert limits["nvidia.com/gpu"] == 1
+    # vLLM shares tensors between its processes through /dev/shm.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    # No batch-queue consumer, so no KEDA ScaledObject.
+    assert _of_kind(docs, "ScaledObject") == []

@@ -53,6 +53,7 @@ def test_images_builds_every_service_dockerfile() -> None:
     assert set(builds.values()) == dockerfiles
     assert builds["example/ib/worker:9.9.9"] == "services/worker-gpu/Dockerfile"
     assert builds["example/ib/worker-gpu:9.9.9"] == "services/worker-gpu/Dockerfile.gpu"
+    assert builds["example/ib/worker-llm:9.9.9"] == "services/worker-gpu/Dockerfile.llm"
 
 
 def test_image_names_match_compose_and_kubernetes(compose_model: dict[str, Any]) -> None:
@@ -71,3 +72,14 @@ def test_image_names_match_compose_and_kubernetes(compose_model: dict[str, Any])
 def test_down_uses_the_compose_file_and_env_file() -> None:
     out = _make_dry_run("down")
     assert "compose -f compose/docker-compose.yml --env-file compose/.env" in out
+
+
+def test_secure_adds_the_secure_override() -> None:
+    plain = _make_dry_run("up", "-W", "compose/.env")
+    assert "docker-compose.secure.yml" not in plain
+    secure = _make_dry_run("up", "SECURE=1", "-W", "compose/.env")
+    assert (
+        "compose -f compose/docker-compose.yml -f compose/docker-compose.secure.yml"
+        " --env-file compose/.env up -d" in secure
+    )
+    assert "compose/secure-init.sh" in _make_dry_run("secrets")

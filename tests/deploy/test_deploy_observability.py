@@ -38,6 +38,7 @@ SCRAPED = {
     "inferbus-worker": ("worker-gpu", "INFERBUS_WORKER_"),
     "inferbus-worker-cpu": ("worker-cpu", "INFERBUS_WORKER_"),
     "inferbus-registry": ("registry", "INFERBUS_REGISTRY_"),
+    "inferbus-llm": ("worker-llm", "INFERBUS_LLM_"),
 }
 
 

@@ -16,7 +16,15 @@ from inferbus_common.settings import ServiceSettings
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if p.is_dir())
-INFERBUS_COMPOSE_SERVICES = ("gateway", "router", "batcher", "registry", "worker-gpu", "worker-cpu")
+INFERBUS_COMPOSE_SERVICES = (
+    "gateway",
+    "router",
+    "batcher",
+    "registry",
+    "worker-gpu",
+    "worker-cpu",
+    "worker-llm",
+)
 
 Manifest = dict[str, Any]
 # A value only known in the cluster (secretKeyRef, fieldRef): checked by name only.
