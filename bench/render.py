@@ -521,20 +521,79 @@ def plot(res: Results, png: Path) -> bool:
 # -------------------------------------------------------------------- main
 
 
-def section_findings(path: Path | None) -> list[str]:
-    """The hand-written reading of the numbers, when there is one."""
+HAND_WRITTEN_BEGIN = "<!-- hand-written: {name} (edit that file, then render.py --refresh) -->"
+HAND_WRITTEN_END = "<!-- end hand-written: {name} -->"
+BENCH = Path(__file__).resolve().parent
+DEFAULT_FINDINGS = BENCH / "findings.md"
+DEFAULT_APPENDIX = (BENCH / "performance.md", BENCH / "observability.md")
+"""Hand-written sections placed after the generated ones, in this order."""
+
+
+def _label(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(BENCH.parent))
+    except ValueError:
+        return path.name
+
+
+def hand_written(path: Path | None) -> list[str]:
+    """A hand-written markdown file as a block between markers, so that
+    `refresh_hand_written` can replace it in a page without re-rendering the tables."""
     if path is None or not path.exists():
         return []
-    return [path.read_text().rstrip(), ""]
+    name = _label(path)
+    return [
+        HAND_WRITTEN_BEGIN.format(name=name),
+        "",
+        path.read_text().rstrip(),
+        "",
+        HAND_WRITTEN_END.format(name=name),
+        "",
+    ]
 
 
-def render(records: list[dict[str, Any]], out: Path, findings: Path | None = None) -> str:
+def section_findings(path: Path | None) -> list[str]:
+    """The hand-written reading of the numbers, when there is one."""
+    return hand_written(path)
+
+
+def refresh_hand_written(page: str, paths: Sequence[Path]) -> str:
+    """`page` with each hand-written block replaced by its file's current text.
+
+    A block that the page does not have yet is appended at the end, so a new
+    hand-written file (or a page rendered before the markers existed) gets its
+    section without a full benchmark run.
+    """
+    for path in paths:
+        block = "\n".join(hand_written(path))
+        if not block:
+            continue
+        name = _label(path)
+        begin = HAND_WRITTEN_BEGIN.format(name=name)
+        end = HAND_WRITTEN_END.format(name=name)
+        i = page.find(begin)
+        j = page.find(end, i) if i >= 0 else -1
+        if i >= 0 and j >= 0:
+            page = page[:i] + block.rstrip("\n") + page[j + len(end) :]
+        else:
+            page = page.rstrip("\n") + "\n\n" + block
+    return page.rstrip("\n") + "\n"
+
+
+def render(
+    records: list[dict[str, Any]],
+    out: Path,
+    findings: Path | None = None,
+    appendix: Sequence[Path] = (),
+) -> str:
     """Build the markdown report (and the PNG beside it); return the markdown.
 
     Args:
         records: every line of one results file.
         out: the markdown path; the plot is written beside it as ``.png``.
         findings: optional hand-written markdown inserted after the machine section.
+        appendix: hand-written markdown files placed after the generated sections
+            (e.g. `bench/performance.md`, `bench/observability.md`).
     """
     res = Results(records)
     png = out.with_suffix(".png")
@@ -587,22 +646,43 @@ def render(records: list[dict[str, Any]], out: Path, findings: Path | None = Non
         "",
         *section_commands(res),
     ]
+    for path in appendix:
+        lines += hand_written(path)
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", type=Path, required=True)
+    p.add_argument("--results", type=Path, help="results file to render (not with --refresh)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument(
         "--findings",
         type=Path,
+        default=DEFAULT_FINDINGS,
+        help="hand-written markdown after the machine section (default bench/findings.md)",
+    )
+    p.add_argument(
+        "--appendix",
+        type=Path,
+        action="append",
         default=None,
-        help="hand-written markdown to include (e.g. bench/findings.md)",
+        help="hand-written markdown after the generated sections (repeatable; default"
+        " bench/performance.md and bench/observability.md)",
+    )
+    p.add_argument(
+        "--refresh",
+        action="store_true",
+        help="only replace the hand-written blocks of the existing --out page",
     )
     args = p.parse_args(argv)
-    text = render(load(args.results), args.out, args.findings)
+    appendix = list(DEFAULT_APPENDIX) if args.appendix is None else args.appendix
+    if args.refresh:
+        text = refresh_hand_written(args.out.read_text(), [args.findings, *appendix])
+    else:
+        if args.results is None:
+            p.error("--results is required unless --refresh is given")
+        text = render(load(args.results), args.out, args.findings, appendix)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     return 0

@@ -9,8 +9,7 @@ fails a request.
 
 from __future__ import annotations
 
-import json
-
+import orjson
 from pydantic import BaseModel, Field
 
 
@@ -55,8 +54,8 @@ def encode_record(
     latency_ms: float,
     stages_ms: dict[str, float],
 ) -> bytes:
-    """JSON bytes of an `AuditRecord`, without pydantic's cost on the hot path."""
-    return json.dumps(
+    """JSON bytes of an `AuditRecord`, without pydantic's cost on the hot path (orjson)."""
+    return orjson.dumps(
         {
             "request_id": request_id,
             "ts_unix_ms": ts_unix_ms,
@@ -70,9 +69,8 @@ def encode_record(
             "reason": reason,
             "latency_ms": round(latency_ms, 3),
             "stages_ms": {k: round(v, 3) for k, v in stages_ms.items()},
-        },
-        separators=(",", ":"),
-    ).encode()
+        }
+    )
 
 
 def decode_record(data: bytes) -> AuditRecord:

@@ -4,6 +4,12 @@ Each gateway instance owns one inbox subscription (`ib.reply.<instance>.*`).
 A request gets a fresh token; its reply subject is `<inbox>.<token>`. The
 first reply for a token resolves the waiting call; later ones (redeliveries
 after a worker crash) are counted and dropped.
+
+Requests go to the router (``ib.route.<model>``), which picks the version.
+With ``direct`` on (``INFERBUS_GATEWAY_DIRECT_DISPATCH``), a request whose
+route leaves nothing to decide (`plain_version`: no pinned version, no
+active canary, no shadow) goes straight to the batchers of the stable version
+(``ib.infer.<model>.<version>``), saving one NATS hop and the router's work.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from nats.aio.subscription import Subscription
 from prometheus_client import Counter
 
 from inferbus_common import headers as h
+from inferbus_common.catalog import Route
 from inferbus_common.codec import Tensor
 from inferbus_common.errors import DeadlineExceeded, Unavailable
 from inferbus_common.subjects import Subjects
@@ -24,11 +31,29 @@ from inferbus_common.wire import encode_tensors
 
 _NATS_STATUS = "Status"
 _NO_RESPONDERS = "503"
+_NATS_SUBJECT = "Nats-Subject"
 
 DUPLICATE_REPLIES = Counter(
     "inferbus_gateway_duplicate_replies_total",
     "Replies dropped because the request was already answered (or given up).",
 )
+
+
+def plain_version(route: Route | None, pinned: str) -> str:
+    """The version the router would pick for a request with nothing to decide, else ''.
+
+    Nothing to decide: the client pinned no version, the route has no canary
+    taking traffic (so stickiness and health weights do not matter) and no
+    shadow copy to send. Then the router's answer is always ``route.stable``
+    (`inferbus_router.routing.decide`), and the gateway can publish there itself.
+    """
+    if route is None or pinned or not route.stable:
+        return ""
+    if route.canary and route.canary != route.stable and route.canary_weight > 0:
+        return ""
+    if route.shadow and route.shadow_rate > 0:
+        return ""
+    return route.stable
 
 
 class Dispatcher:
@@ -38,9 +63,14 @@ class Dispatcher:
         nc: connected NATS client.
         subjects: naming scheme.
         instance: this gateway's unique id (names its inbox).
+        direct: publish requests on plain routes (`plain_version`) straight to
+            the stable version's batchers instead of through the router.
     """
 
-    def __init__(self, nc: Client, subjects: Subjects, instance: str) -> None:
+    def __init__(
+        self, nc: Client, subjects: Subjects, instance: str, *, direct: bool = False
+    ) -> None:
+        self._direct = direct
         self._nc = nc
         self._subjects = subjects
         self._inbox = subjects.reply_inbox(instance)
@@ -80,11 +110,15 @@ class Dispatcher:
             return
         if not msg.data and (msg.headers or {}).get(_NATS_STATUS) == _NO_RESPONDERS:
             # nats-server's own answer: nobody subscribes to the route subject
-            # (every router is down or restarting). Nothing was computed: say
+            # (every router is down or restarting), or, for a direct request,
+            # to the version's subject (no batcher). Nothing was computed: say
             # so now instead of waiting out the deadline.
             fut.set_exception(
                 Unavailable(
-                    "no router is serving requests right now (restarting?); "
+                    "no batcher is serving this model version right now (restarting?); "
+                    "nothing was computed, safe to retry"
+                    if ".infer." in (msg.headers or {}).get(_NATS_SUBJECT, "")
+                    else "no router is serving requests right now (restarting?); "
                     "nothing was computed, safe to retry"
                 )
             )
@@ -104,8 +138,12 @@ class Dispatcher:
         traceparent: str = "",
         tenant: str = "",
         sticky_key: str = "",
+        route: Route | None = None,
     ) -> Msg:
         """Publish a request and wait for its reply until `deadline_ns`.
+
+        `route` is the model's routing table as the gateway knows it; with
+        ``direct`` on and a plain route the request skips the router.
 
         Raises:
             DeadlineExceeded: no reply before the deadline.
@@ -120,6 +158,12 @@ class Dispatcher:
             h.MODEL: model,
             h.REPLY: reply,
         }
+        subject = ""
+        if self._direct:
+            direct_version = plain_version(route, version)
+            if direct_version:
+                version = direct_version
+                subject = self._subjects.infer(model, direct_version)
         if version:
             headers[h.VERSION] = version
         if outputs:
@@ -134,7 +178,10 @@ class Dispatcher:
             headers[h.STICKY_KEY] = sticky_key
         try:
             await self._nc.publish(
-                self._subjects.route(model), encode_tensors(tensors), reply=reply, headers=headers
+                subject or self._subjects.route(model),
+                encode_tensors(tensors),
+                reply=reply,
+                headers=headers,
             )
             remaining = h.remaining_s(deadline_ns)
             if remaining <= 0:

@@ -422,6 +422,7 @@ class InferenceService:
             traceparent=request.traceparent,
             tenant=request.tenant,
             sticky_key=request.sticky_key,
+            route=self._catalog.routes.get(request.model),
         )
         t_back = time.perf_counter()
         headers = msg.headers or {}

@@ -89,6 +89,11 @@ class GatewaySettings(ServiceSettings):
     access_log: bool = True
     """One JSON line per inference request at INFO (logger ``inferbus_gateway.access``):
     request id, trace id, model, version, tenant, latency, status. Never headers or tensors."""
+    direct_dispatch: bool = False
+    """Send requests whose route leaves nothing to decide (no pinned version, no canary
+    taking traffic, no shadow) straight to the stable version's batchers, skipping the
+    router hop (``inferbus_gateway.dispatch.plain_version``). Off: every request goes
+    through the router (its metrics and spans then count all traffic)."""
 
     # --- admission control (inferbus_gateway.admission) ---------------------------
     redis_key_prefix: str = Field(default="ib", pattern=r"^[A-Za-z0-9_.-]+$")

@@ -48,6 +48,7 @@ import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -144,6 +145,7 @@ class ModelRunner:
             # The engine is asked for its own outputs; post-processing makes the client's.
             self._outputs = list(processing.engine_outputs)
         self._labels = {"model": deployed.model, "version": deployed.version}
+        self._children: dict[tuple[object, ...], Any] = {}
         self._log_extra = {"model": deployed.model, "version": deployed.version}
         self._idle_subject = subjects.idle(settings.pool, deployed.model, deployed.version)
         self._queue_empty = True
@@ -431,7 +433,7 @@ class ModelRunner:
         if entry.mirror:
             # Shadow compare: the router's copy goes out after the client's reply.
             await self._nc.publish(entry.mirror, body, headers=headers)
-        metrics.REPLIES.labels(**self._labels, status=status).inc()
+        self._metric(metrics.REPLIES, status=status).inc()
 
     async def _fail_all(self, entries: list[BatchEntry], code: StatusCode, message: str) -> None:
         for entry in entries:
@@ -509,7 +511,7 @@ class ModelRunner:
         await self._answer(requests, outputs, rows, start_ns, compute_s, stages=stages)
         for msg in msgs:
             await msg.ack()
-        metrics.BATCHES.labels(**self._labels, outcome="ok").inc(len(msgs))
+        self._metric(metrics.BATCHES, outcome="ok").inc(len(msgs))
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "batch answered",
@@ -582,11 +584,20 @@ class ModelRunner:
         metrics.PROCESSING_SECONDS.labels(**self._labels, stage="post").observe(seconds)
         return outputs
 
+    def _metric(self, metric: Any, **extra: str) -> Any:
+        """`metric`'s child for this version (and `extra` labels), cached: ``labels()``
+        with keyword arguments costs a few µs, and replies count once per request."""
+        key = (metric, *extra.values())
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(**self._labels, **extra)
+        return child
+
     def _observe(self, requests: list[LiveRequest], rows: int, start_ns: int, compute_s: float):
-        metrics.ROWS.labels(**self._labels).inc(rows)
-        metrics.BATCH_SIZE.labels(**self._labels).observe(rows)
-        metrics.COMPUTE_SECONDS.labels(**self._labels).observe(compute_s)
-        queue_hist = metrics.QUEUE_SECONDS.labels(**self._labels)
+        self._metric(metrics.ROWS).inc(rows)
+        self._metric(metrics.BATCH_SIZE).observe(rows)
+        self._metric(metrics.COMPUTE_SECONDS).observe(compute_s)
+        queue_hist = self._metric(metrics.QUEUE_SECONDS)
         for r in requests:
             if r.entry.enqueued_ns:
                 queue_hist.observe(max(0.0, (start_ns - r.entry.enqueued_ns) / 1e9))

@@ -1,0 +1,142 @@
+"""CPU cost of single hot-path steps, old way vs new way, in one process.
+
+End-to-end A/B runs on the shared 2-core machine move by more than a few
+microseconds per request, so the per-request steps changed in round 2 are
+also measured here in isolation (CPU time per call, best of ``--repeat``
+rounds of ``--number`` calls)::
+
+    uv run python bench/hotpath_micro.py
+
+Steps: a worker's per-reply counter (``labels(**kw)`` vs the cached child,
+changed), and references that were not changed: the router's read of an
+audit record (pydantic ``AuditRecord`` vs a plain ``json.loads`` of the four
+fields it needs; pydantic is faster, so it stays), the gateway's audit-record
+encoding (``json.dumps`` vs ``orjson``) and its access-log line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter
+
+from inferbus_common.audit import encode_record
+from inferbus_common.logs import JsonFormatter
+from inferbus_router.health import NOT_THE_VERSIONS_FAULT, HealthPolicy, HealthWeights
+
+
+def cpu_us(fn: Callable[[], object], number: int, repeat: int) -> float:
+    """Best per-call CPU time (µs) of `fn` over `repeat` rounds of `number` calls."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.process_time()
+        for _ in range(number):
+            fn()
+        best = min(best, (time.process_time() - t0) / number)
+    return best * 1e6
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: one JSON line per step with old/new µs and their ratio."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--number", type=int, default=20_000)
+    p.add_argument("--repeat", type=int, default=5)
+    args = p.parse_args(argv)
+    n, r = args.number, args.repeat
+    record_args = dict(
+        request_id="0123456789abcdef0123456789abcdef",
+        ts_unix_ms=1_700_000_000_000,
+        gateway="gw-1",
+        protocol="grpc",
+        tenant="acme",
+        model="fraud",
+        version="1",
+        digest="sha256:" + "ab" * 32,
+        status="OK",
+        reason="",
+        latency_ms=3.21,
+        stages_ms={"gateway": 0.1, "queue": 0.9, "compute": 0.3, "total": 2.8},
+    )
+    data = encode_record(**record_args)
+    health = HealthWeights(HealthPolicy())
+
+    def audit_json() -> None:
+        rec = json.loads(data)
+        version = rec["version"]
+        if version:
+            error = rec["status"] not in NOT_THE_VERSIONS_FAULT
+            health.record(rec["model"], version, error, float(rec["latency_ms"]))
+
+    registry = CollectorRegistry()
+    replies = Counter("r", "r", ["model", "version", "status"], registry=registry)
+    labels = {"model": "fraud", "version": "1"}
+    children: dict[tuple[object, ...], Counter] = {}
+
+    def counter_cached() -> None:
+        key = (replies, "OK")
+        child = children.get(key)
+        if child is None:
+            child = children[key] = replies.labels(**labels, status="OK")
+        child.inc()
+
+    stamped = dict(record_args)
+    stamped["stages_ms"] = {k: round(v, 3) for k, v in record_args["stages_ms"].items()}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = logging.getLogger("bench.access")
+        log.propagate = False
+        handler = logging.FileHandler(Path(tmp) / "access.log")
+        handler.setFormatter(JsonFormatter("gateway"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        extra = {
+            "model": "fraud",
+            "status": "OK",
+            "latency_ms": 3.21,
+            "protocol": "grpc",
+            "request_id": "0123456789abcdef0123456789abcdef",
+            "version": "1",
+        }
+        steps = [
+            (
+                "router: read one audit record for health (pydantic vs json.loads; not changed)",
+                lambda: health.observe(data),
+                audit_json,
+            ),
+            (
+                "worker: count one reply (labels(**kw) vs cached child)",
+                lambda: replies.labels(**labels, status="OK").inc(),
+                counter_cached,
+            ),
+            (
+                "gateway: encode the audit record (json vs orjson; not changed)",
+                lambda: encode_record(**record_args),
+                lambda: orjson.dumps(stamped),
+            ),
+            (
+                "gateway: one access-log line to a file (reference; not changed)",
+                lambda: log.info("infer", extra=extra),
+                None,
+            ),
+        ]
+        for name, old, new in steps:
+            old_us = cpu_us(old, n, r)
+            line: dict[str, object] = {"step": name, "old_us": round(old_us, 2)}
+            if new is not None:
+                new_us = cpu_us(new, n, r)
+                line |= {"new_us": round(new_us, 2), "ratio": round(new_us / old_us, 3)}
+            print(json.dumps(line), flush=True)
+        handler.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

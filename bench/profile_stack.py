@@ -1,0 +1,256 @@
+"""Profile the inferbus stack under load, and A/B two configurations in one run.
+
+Starts the stack (`bench/stack.py`) once per *arm* (an arm is a name plus
+environment settings for the services), pushes the example fraud model, and
+runs ``bench/loadgen.py`` at each concurrency. While a run is measured, the
+in-process sampler (``bench/sampler/sitecustomize.py``) records every service's
+busy stacks and CPU time, so each run also reports CPU per request by process
+and the top frames (same summary as ``render.py`` makes of py-spy output).
+
+Arms alternate (A, B, A, B, ...) for ``--rounds`` rounds so that load from
+other jobs on the shared machine falls on both; the summary reports each arm's
+median and the B/A ratios::
+
+    uv run python bench/profile_stack.py --concurrency 1 64 --duration 8 \\
+        --arm 'base:INFERBUS_GATEWAY_ACCESS_LOG=true' --arm 'new:' --rounds 2
+
+One JSON line per measured run (``kind: profile_run``) and one per arm
+comparison (``kind: ab``) go to ``--out`` (default
+``bench/results/profile-<time>.jsonl``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from render import summarize_collapsed
+from stack import BenchStack
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+SAMPLER = Path(__file__).resolve().parent / "sampler"
+
+
+def parse_arm(text: str) -> tuple[str, dict[str, str]]:
+    """``name:KEY=V,KEY2=V2`` → (name, env)."""
+    name, _, rest = text.partition(":")
+    env: dict[str, str] = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        env[key.strip()] = value.strip()
+    return name, env
+
+
+def loadgen(url: str, model: str, concurrency: int, duration: float, warmup: float) -> dict:
+    """One closed-loop gRPC run; its JSON line."""
+    argv = [
+        PYTHON,
+        "bench/loadgen.py",
+        "--url",
+        url,
+        "--model",
+        model,
+        "--concurrency",
+        str(concurrency),
+        "--duration",
+        str(duration),
+        "--warmup",
+        str(warmup),
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False)
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"{shlex.join(argv)} failed:\n{proc.stderr[-2000:]}")
+    return lines[-1]
+
+
+def sampled_run(
+    stack: BenchStack,
+    sample_dir: Path,
+    label: str,
+    model: str,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+) -> dict[str, Any]:
+    """A loadgen run with the sampler on in every service for its measured window."""
+    names = {pid: name for name, pid in stack.pids().items()}
+
+    # The sampler window starts after the warm-up and stays inside the measured part.
+    def arm_sampler() -> None:
+        time.sleep(warmup + 0.5)
+        (sample_dir / "go").write_text(f"{label} {max(duration - 1.0, 1.0)}")
+
+    import threading
+
+    t = threading.Thread(target=arm_sampler, daemon=True)
+    t.start()
+    line = loadgen(stack.grpc_url, model, concurrency, duration, warmup)
+    t.join()
+    deadline = time.monotonic() + 10
+    procs: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        found = list(sample_dir.glob(f"{label}-*.json"))
+        if len(found) >= len(names):
+            break
+        time.sleep(0.2)
+    served = line["throughput_rps"] * 1.0
+    for meta_path in sample_dir.glob(f"{label}-*.json"):
+        meta = json.loads(meta_path.read_text())
+        name = names.get(meta["pid"], str(meta["pid"]))
+        if name == "registry":
+            continue
+        busy = meta["cpu_s"] / meta["wall_s"]
+        info: dict[str, Any] = {
+            "busy_core": round(busy, 3),
+            "cpu_us_per_req": round(1e6 * busy / served, 1) if served else None,
+        }
+        txt = meta_path.with_suffix(".txt")
+        if txt.exists() and txt.stat().st_size:
+            info |= summarize_collapsed(txt.read_text(), top=12)
+        # cProfile (INFERBUS_SAMPLE_MODE=cprofile): seconds → microseconds per answered request.
+        n = served * meta["wall_s"]
+        for key in ("top_tottime", "top_cumtime"):
+            if key in meta and n:
+                info[key] = [
+                    [f, calls / n, round(1e6 * tt / n, 2), round(1e6 * ct / n, 2)]
+                    for f, calls, tt, ct in meta[key]
+                ]
+        procs[name] = info
+    return {"line": line, "procs": procs}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arm", action="append", default=None, help="name:KEY=V,... (repeatable)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--duration", type=float, default=8.0)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--top", type=int, default=6, help="frames printed per process")
+    args = p.parse_args(argv)
+    arms = [parse_arm(a) for a in (args.arm or ["default:"])]
+    out = args.out or REPO / "bench/results" / f"profile-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="inferbus-profile-") as tmp:
+        work = Path(tmp)
+        fraud = work / "fraud"
+        subprocess.run(
+            [PYTHON, "examples/fraud/make_model.py", "--out", str(fraud)],
+            check=True,
+            capture_output=True,
+            cwd=REPO,
+        )
+        for rnd in range(args.rounds):
+            for name, env in arms:
+                sample_dir = work / f"samples-{name}-{rnd}"
+                sample_dir.mkdir()
+                # An arm's PYTHONPATH (e.g. a `git archive` of another revision's
+                # libs/*/src and services/*/src) goes after the sampler.
+                paths = [str(SAMPLER), *filter(None, [env.get("PYTHONPATH", "")])]
+                stack_env = {
+                    **env,
+                    "PYTHONPATH": ":".join(paths),
+                    "INFERBUS_SAMPLE_DIR": str(sample_dir),
+                }
+                base = work / f"stack-{name}-{rnd}"
+                with BenchStack(base, workers=args.workers, env=stack_env) as stack:
+                    stack.push(fraud, "fraud")
+                    stack.wait_model_ready("fraud")
+                    for c in args.concurrency:
+                        label = f"{name}-c{c}"
+                        run = sampled_run(
+                            stack, sample_dir, label, "fraud", c, args.duration, args.warmup
+                        )
+                        record = {
+                            "kind": "profile_run",
+                            "arm": name,
+                            "env": env,
+                            "round": rnd,
+                            "concurrency": c,
+                            "load": list(__import__("os").getloadavg()),
+                        } | run
+                        with out.open("a") as f:
+                            f.write(json.dumps(record) + "\n")
+                        results.setdefault((name, c), []).append(record)
+                        line = run["line"]
+                        stages = {k: v.get("mean_us") for k, v in line.get("stages", {}).items()}
+                        print(
+                            f"[{name} r{rnd} c={c}] {line['throughput_rps']:.1f} req/s"
+                            f" p50 {line['latency_ms']['p50']} p99 {line['latency_ms']['p99']} ms"
+                            f" errors {line['errors']} stages(us) {stages}",
+                            flush=True,
+                        )
+                        for proc, info in sorted(run["procs"].items()):
+                            print(
+                                f"   {proc:9s} busy {info['busy_core']:.2f} core,"
+                                f" {info['cpu_us_per_req']} us/req,"
+                                f" {info.get('samples', '-')} samples",
+                                flush=True,
+                            )
+                            for frame, share in info.get("top_self", [])[: args.top]:
+                                print(f"      self {share:5.1f}%  {frame}", flush=True)
+                            for frame, calls, tt, ct in info.get("top_tottime", [])[: args.top]:
+                                print(
+                                    f"      tot {tt:7.1f} us/req cum {ct:7.1f}"
+                                    f" calls/req {calls:.2f}  {frame}",
+                                    flush=True,
+                                )
+    if len(arms) >= 2:
+        base = arms[0][0]
+        for name, _ in arms[1:]:
+            for c in args.concurrency:
+                a = results.get((base, c), [])
+                b = results.get((name, c), [])
+                if not a or not b:
+                    continue
+
+                def med(rs: list[dict[str, Any]], key: str) -> float:
+                    if key == "rps":
+                        return statistics.median(r["line"]["throughput_rps"] for r in rs)
+                    return statistics.median(r["line"]["latency_ms"][key] for r in rs)
+
+                def cpu(rs: list[dict[str, Any]]) -> float:
+                    return statistics.median(
+                        sum(p["cpu_us_per_req"] or 0 for p in r["procs"].values()) for r in rs
+                    )
+
+                ab = {
+                    "kind": "ab",
+                    "a": base,
+                    "b": name,
+                    "concurrency": c,
+                    "rounds": args.rounds,
+                    "rps": [med(a, "rps"), med(b, "rps")],
+                    "p50_ms": [med(a, "p50"), med(b, "p50")],
+                    "p99_ms": [med(a, "p99"), med(b, "p99")],
+                    "cpu_us_per_req": [cpu(a), cpu(b)],
+                }
+                ab["ratio_rps"] = round(ab["rps"][1] / ab["rps"][0], 3)
+                ab["ratio_p50"] = round(ab["p50_ms"][1] / ab["p50_ms"][0], 3)
+                ab["ratio_cpu"] = round(ab["cpu_us_per_req"][1] / ab["cpu_us_per_req"][0], 3)
+                with out.open("a") as f:
+                    f.write(json.dumps(ab) + "\n")
+                print(json.dumps(ab), flush=True)
+    print(f"results: {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Direct dispatch through the whole stack (``INFERBUS_GATEWAY_DIRECT_DISPATCH``).
+
+With the setting on, a request on a plain route (only a stable version) goes
+from the gateway straight to the batchers and never reaches the router; a
+request that pins a version still goes through the router. Answers are the
+same either way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import tritonclient.grpc as grpcclient
+
+STACK_ENV = {"INFERBUS_GATEWAY_DIRECT_DISPATCH": "true"}
+
+
+def _routed(stack) -> float:
+    return sum(
+        v
+        for k, v in stack.metrics(stack.router).items()
+        if k.startswith("inferbus_router_requests_total{")
+    )
+
+
+def _infer(client, x: np.ndarray, version: str = "") -> grpcclient.InferResult:
+    inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return client.infer("fraud", [inp], model_version=version)
+
+
+def test_plain_route_skips_the_router_pinned_goes_through_it(stack) -> None:
+    session = ort.InferenceSession(
+        str(stack.model_dir / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    x = np.random.default_rng(3).standard_normal((4, 64)).astype(np.float32)
+    expected = session.run(["probabilities"], {"input": x})[0]
+    client = grpcclient.InferenceServerClient(stack.grpc_url)
+    try:
+        before = _routed(stack)
+        for _ in range(5):
+            result = _infer(client, x)
+            np.testing.assert_allclose(
+                result.as_numpy("probabilities"), expected, rtol=1e-5, atol=1e-6
+            )
+            assert result.get_response().model_version == "1"
+        assert _routed(stack) == before  # none of the five went through the router
+
+        pinned = _infer(client, x, version="1")
+        np.testing.assert_allclose(pinned.as_numpy("probabilities"), expected, rtol=1e-5, atol=1e-6)
+        assert _routed(stack) == before + 1
+    finally:
+        client.close()
