@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import os
 import signal
@@ -28,7 +29,13 @@ def stop_event_on_signals() -> asyncio.Event:
 
 
 def run(main: Callable[[], Coroutine[Any, Any, None]], *, use_uvloop: bool = True) -> None:
-    """Run a service's async main on uvloop (when available and wanted)."""
+    """Run a service's async main on uvloop (when available and wanted).
+
+    A crash in native code (a segfault in an engine, say) prints every
+    thread's Python stack to stderr (the service log) before the process dies,
+    so it can be told apart from a kill.
+    """
+    faulthandler.enable()
     if use_uvloop:
         try:
             import uvloop
