@@ -511,3 +511,32 @@ async def test_unset_thresholds_get_the_documented_defaults(
         20,
         "rollback",
     )
+
+
+async def test_archived_versions_and_unloaded_models_get_no_rollout(
+    rclient: RegistryClient, model: str
+) -> None:
+    await rclient.archive(model, "2", requested_by="ops")
+    with pytest.raises(FailedPrecondition, match="'2' of 'm' is archived"):
+        await rclient.start_rollout(model, "2", steps=[10, 100], interval_s=0.2)
+    await rclient.set_serving(model, False, requested_by="ops")
+    with pytest.raises(FailedPrecondition, match=r"'m' is unloaded \(SetServing off\)"):
+        await rclient.start_rollout(model, "3", steps=[10, 100], interval_s=0.2)
+
+
+async def test_unloading_the_model_mid_rollout_aborts_it_and_resume_is_refused(
+    rclient: RegistryClient, fast_registry: RegistryApp, nc: Client, model: str
+) -> None:
+    await rclient.start_rollout(model, "2", steps=[10, 100], interval_s=60)
+    await rclient.control_rollout(model, "pause", requested_by="ops")
+    await rclient.set_serving(model, False, requested_by="ops")
+    with pytest.raises(FailedPrecondition, match=r"'m' is unloaded \(SetServing off\)"):
+        await rclient.control_rollout(model, "resume", requested_by="ops")
+    await rclient.set_serving(model, True, requested_by="ops")
+    await rclient.control_rollout(model, "resume", requested_by="ops")
+    await rclient.set_serving(model, False, requested_by="ops")
+    ended = await _wait_state(rclient, model, {"aborted"}, timeout=10)
+    assert "unloaded" in ended.reason and ended.history[-1].outcome == "aborted"
+    await rclient.set_serving(model, True, requested_by="ops")
+    route = (await _route(rclient, model))[0]
+    assert (route.stable, route.canary, route.canary_weight) == ("1", "", 0.0)

@@ -218,3 +218,19 @@ async def test_the_routes_bucket_keeps_a_whole_rollout_of_history(
     # Twelve changes and the revisions before them are all still there (KV keeps 64).
     assert [h.revision for h in history][:12] == list(range(first + 11, first - 1, -1))
     assert history[-1].revision == 1
+
+
+async def test_archived_versions_and_unloaded_models_take_no_traffic(
+    client: RegistryClient, two_versions: str
+) -> None:
+    await client.archive("m", "2", requested_by="ops")
+    for kwargs in ({"canary": "2", "canary_weight": 5.0}, {"shadow": "2", "shadow_rate": 0.5}):
+        with pytest.raises(FailedPrecondition, match="'2' of 'm' is archived"):
+            await client.set_traffic("m", updated_by="a", **kwargs)
+    await client.unarchive("m", "2", requested_by="ops")
+    await client.set_serving("m", False, requested_by="ops")
+    with pytest.raises(FailedPrecondition, match=r"'m' is unloaded \(SetServing off\)"):
+        await client.set_traffic("m", canary="2", canary_weight=5.0, updated_by="a")
+    await client.set_serving("m", True, requested_by="ops")
+    route = _route(await client.set_traffic("m", canary="2", canary_weight=5.0, updated_by="a"))
+    assert (route.canary, route.canary_weight) == ("2", 5.0)

@@ -73,7 +73,7 @@ async def serve(settings: GatewaySettings) -> None:
             await _ensure_audit_stream(nc, subjects, settings)
             stack.callback(REGISTRY.unregister, _register(ModelSloCollector(catalog)))
             lazy = LazyLoader(nc, catalog, subjects, max_wait_s=settings.lazy_load_max_wait_s)
-            dispatcher = Dispatcher(nc, subjects, instance)
+            dispatcher = Dispatcher(nc, subjects, instance, direct=settings.direct_dispatch)
             await dispatcher.start()
             gen_dispatcher = GenerationDispatcher(nc, subjects, instance)
             await gen_dispatcher.start()
@@ -82,6 +82,7 @@ async def serve(settings: GatewaySettings) -> None:
                 gen_dispatcher,
                 admission=admission,
                 default_timeout_s=settings.generation_max_timeout_s,
+                access_log=settings.access_log,
             )
             service = InferenceService(
                 nc,

@@ -10,14 +10,10 @@ reads the captures back.
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import contextlib
 import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from types import TracebackType
 
 import nats.errors
 from nats.aio.client import Client
@@ -26,6 +22,7 @@ from prometheus_client import Counter
 from inferbus_common.capture import encode_capture
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.canonical import InferRequest, InferResponse
+from inferbus_gateway.sampler import SampledQueue
 
 CAPTURES = Counter(
     "inferbus_gateway_capture_total",
@@ -36,7 +33,7 @@ CAPTURES = Counter(
 log = logging.getLogger(__name__)
 
 
-class PayloadCapture:
+class PayloadCapture(SampledQueue[tuple[InferRequest, InferResponse, int]]):
     """Samples answered requests into the audit stream.
 
     Args:
@@ -61,24 +58,17 @@ class PayloadCapture:
         queue_size: int = 1024,
         draw: Callable[[], float] = random.random,
     ) -> None:
+        super().__init__(
+            rate=rate,
+            queue_size=queue_size,
+            draw=draw,
+            counter=CAPTURES,
+            task_name="payload-capture",
+        )
         self._nc = nc
         self._subjects = subjects
-        self._rate = rate
         self._models = frozenset(models)
         self._max_bytes = max_bytes
-        self._queue: collections.deque[tuple[InferRequest, InferResponse, int]] = (
-            collections.deque()
-        )
-        self._queue_size = queue_size
-        self._draw = draw
-        self._wake = asyncio.Event()
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def enabled(self) -> bool:
-        """Whether any request can be captured."""
-        return self._rate > 0
 
     def observe(self, request: InferRequest, response: InferResponse) -> None:
         """Maybe capture one answered request (cheap; never raises for a full queue)."""
@@ -86,40 +76,13 @@ class PayloadCapture:
             return
         if self._models and request.model not in self._models:
             return
-        if self._rate < 1.0 and self._draw() >= self._rate:
+        if not self._sampled():
             return
         size = sum(t.nbytes for t in request.inputs) + sum(t.nbytes for t in response.outputs)
         if size > self._max_bytes:
             CAPTURES.labels(request.model, "too-large").inc()
             return
-        if len(self._queue) >= self._queue_size:
-            CAPTURES.labels(request.model, "queue-full").inc()
-            return
-        self._queue.append((request, response, time.time_ns() // 1_000_000))
-        self._wake.set()
-
-    async def __aenter__(self) -> PayloadCapture:
-        if self.enabled:
-            self._task = asyncio.create_task(self._run(), name="payload-capture")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._task is not None:
-            # Bounded: publishing only fills the client's buffer, but a stuck
-            # connection must not hold up the gateway's shutdown.
-            done, _ = await asyncio.wait([self._task], timeout=5.0)
-            if not done:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
-            self._task = None
+        self._enqueue(request.model, (request, response, time.time_ns() // 1_000_000))
 
     async def _run(self) -> None:
         while True:

@@ -17,13 +17,11 @@ publishes the ``profile.json`` of each version that has one.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import random
 import time
 from collections.abc import Callable
-from types import TracebackType
 
 import nats.errors
 import nats.js.errors
@@ -45,6 +43,7 @@ from inferbus_common.drift import (
 )
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.canonical import InferRequest, InferResponse
+from inferbus_gateway.sampler import SampledQueue
 
 DRIFT_PSI = Gauge(
     "inferbus_drift_psi",
@@ -87,7 +86,7 @@ class _VersionState:
         return sum(w.added for w in self.windows.values())
 
 
-class DriftMonitor:
+class DriftMonitor(SampledQueue[tuple[str, str, list[Tensor], list[Tensor]]]):
     """Samples answered requests into sliding windows and computes drift.
 
     Args:
@@ -115,28 +114,22 @@ class DriftMonitor:
         queue_size: int = 1024,
         draw: Callable[[], float] = random.random,
     ) -> None:
+        super().__init__(
+            rate=rate,
+            queue_size=queue_size,
+            draw=draw,
+            counter=DRIFT_SAMPLES,
+            task_name="drift-monitor",
+        )
         self._nc = nc
         self._catalog = catalog
         self._subjects = subjects
-        self._rate = rate
         self._window_rows = window_rows
         self._min_rows = min_rows
         self._interval_s = interval_s
-        self._queue: collections.deque[tuple[str, str, list[Tensor], list[Tensor]]] = (
-            collections.deque()
-        )
-        self._queue_size = queue_size
-        self._draw = draw
         self._states: dict[tuple[str, str], _VersionState] = {}
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._profiles_kv: KeyValue | None = None
         self._drift_kv: KeyValue | None = None
-
-    @property
-    def enabled(self) -> bool:
-        """Whether any request can be sampled."""
-        return self._rate > 0
 
     def observe(self, request: InferRequest, response: InferResponse) -> None:
         """Maybe sample one answered request (cheap; never raises for a full queue)."""
@@ -145,32 +138,11 @@ class DriftMonitor:
         dv = self._catalog.versions.get((request.model, response.version))
         if dv is None or not dv.has_profile:
             return
-        if self._rate < 1.0 and self._draw() >= self._rate:
+        if not self._sampled():
             return
-        if len(self._queue) >= self._queue_size:
-            DRIFT_SAMPLES.labels(request.model, "queue-full").inc()
-            return
-        self._queue.append((request.model, response.version, request.inputs, response.outputs))
-
-    async def __aenter__(self) -> DriftMonitor:
-        if self.enabled:
-            self._task = asyncio.create_task(self._run(), name="drift-monitor")
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stop.set()
-        if self._task is not None:
-            done, _ = await asyncio.wait([self._task], timeout=5.0)
-            if not done:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
-            self._task = None
+        self._enqueue(
+            request.model, (request.model, response.version, request.inputs, response.outputs)
+        )
 
     async def _run(self) -> None:
         next_eval = time.monotonic() + self._interval_s

@@ -96,12 +96,16 @@ class ChunkStream:
     Args:
         window: out-of-order chunks held while waiting for a missing one.
         gap_timeout_s: how long a missing chunk may be waited for once later ones came.
+
+    Attributes:
+        version: the version that answers (from the first chunk's ``Ib-Version``).
     """
 
     def __init__(self, window: int = 32, gap_timeout_s: float = 2.0) -> None:
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()
         self._window = window
         self._gap_timeout_s = gap_timeout_s
+        self.version = ""
 
     def feed(self, msg: Msg) -> None:
         """Called by the dispatcher for every message on this request's inbox."""
@@ -166,6 +170,8 @@ class ChunkStream:
                 chunk = GenerationChunk.decode(msg.data)
             except ValueError:
                 raise Unavailable("a worker sent a malformed chunk; see its logs") from None
+            if not self.version:
+                self.version = headers.get(h.VERSION, "")
             yield chunk
             if headers.get(h.FINAL) == "1":
                 return
@@ -284,6 +290,7 @@ class GenerationCall:
         first_at = last_at = 0.0
         try:
             async for chunk in self._stream.chunks(self._deadline_ns):
+                self.version = self.version or self._stream.version
                 now = time.monotonic()
                 if chunk.tokens:
                     if not first_at:
@@ -330,6 +337,7 @@ class GenerationService:
         dispatcher: publishes and collects chunks.
         admission: the gateway's admission (None: admit all).
         default_timeout_s: upper bound of a request's deadline when it brings none.
+        access_log: write one access-log line per OpenAI request (as V2 does).
     """
 
     def __init__(
@@ -339,11 +347,13 @@ class GenerationService:
         *,
         admission: Admission | None = None,
         default_timeout_s: float = 120.0,
+        access_log: bool = True,
     ) -> None:
         self.catalog = catalog
         self.dispatcher = dispatcher
         self.admission = admission
         self.default_timeout_s = default_timeout_s
+        self.access_log = access_log
 
     def generative_models(self) -> list[DeployedVersion]:
         """Stable versions of routed models whose engine is generative, by name."""
@@ -382,6 +392,20 @@ class GenerationService:
         if model:
             await self.admission.authenticator.authorize(principal, model)
         return principal.tenant
+
+    async def visible_models(self, headers: Mapping[str, str]) -> list[DeployedVersion]:
+        """`generative_models` the caller may call (all of them when auth is off).
+
+        Raises:
+            Unauthenticated: no or bad credentials.
+            Unavailable: the access list cannot be read.
+        """
+        models = self.generative_models()
+        if self.admission is None:
+            return models
+        auth = self.admission.authenticator
+        principal = await auth.authenticate(headers)
+        return [dv for dv in models if await auth.may_call(principal, dv.model)]
 
     async def open(
         self,

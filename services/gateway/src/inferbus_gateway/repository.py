@@ -38,7 +38,6 @@ from typing import Any
 import grpc
 from prometheus_client import Counter
 
-from inferbus_common import grpcauth
 from inferbus_common.catalog import Catalog
 from inferbus_common.errors import (
     InferbusError,
@@ -47,6 +46,7 @@ from inferbus_common.errors import (
     Unavailable,
     error_from_status,
 )
+from inferbus_common.registrychannel import registry_channel
 from inferbus_gateway.lazyload import LazyLoader
 from inferbus_proto.registry import registry_pb2, registry_pb2_grpc
 
@@ -164,7 +164,7 @@ class RepositoryExtension:
     # --- registry calls ---------------------------------------------------------
     async def _call(self, what: str, request: Any) -> Any:
         if self._stub is None and self._registry_url:
-            self._channel = grpcauth.aio_channel(self._registry_url, self._registry_token)
+            self._channel = registry_channel(self._registry_url, self._registry_token)
             self._stub = registry_pb2_grpc.RegistryStub(self._channel)
         if self._stub is None:
             raise Unavailable(

@@ -30,14 +30,13 @@ from types import TracebackType
 
 import grpc
 
-from inferbus_common import grpcauth
 from inferbus_common.errors import InferbusError, Internal, InvalidArgument, error_from_status
+from inferbus_common.registrychannel import registry_channel
 from inferbus_proto.registry import registry_pb2, registry_pb2_grpc
 
 CHUNK_SIZE = 1 << 20
 """Size of the file chunks a push sends (1 MiB)."""
 
-_MAX_MESSAGE = 64 << 20
 _SKIPPED = frozenset({"config.json", "manifest.json"})
 
 
@@ -105,14 +104,7 @@ class RegistryClient:
     """
 
     def __init__(self, target: str, *, timeout_s: float = 30.0, token: str | None = None) -> None:
-        self._channel = grpcauth.aio_channel(
-            target,
-            token,
-            options=[
-                ("grpc.max_receive_message_length", _MAX_MESSAGE),
-                ("grpc.max_send_message_length", _MAX_MESSAGE),
-            ],
-        )
+        self._channel = registry_channel(target, token)
         self._stub = registry_pb2_grpc.RegistryStub(self._channel)
         self._timeout = timeout_s
 
@@ -175,12 +167,7 @@ class RegistryClient:
 
     async def list_models(self) -> list[registry_pb2.ModelInfo]:
         """Every model with its versions (ascending) and aliases."""
-        try:
-            resp = await self._stub.ListModels(
-                registry_pb2.ListModelsRequest(), timeout=self._timeout
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _error(exc) from None
+        resp = await self._unary(self._stub.ListModels, registry_pb2.ListModelsRequest())
         return list(resp.models)
 
     async def get_version(self, model: str, version: str = "") -> registry_pb2.VersionInfo:
@@ -189,13 +176,9 @@ class RegistryClient:
         Raises:
             NotFound: unknown model, version or alias.
         """
-        try:
-            return await self._stub.GetVersion(
-                registry_pb2.GetVersionRequest(model=model, version=version),
-                timeout=self._timeout,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _error(exc) from None
+        return await self._unary(
+            self._stub.GetVersion, registry_pb2.GetVersionRequest(model=model, version=version)
+        )
 
     async def set_alias(self, model: str, alias: str, version: str) -> registry_pb2.ModelInfo:
         """Point `alias` at `version` (``stable`` moves the route).
@@ -204,13 +187,10 @@ class RegistryClient:
             NotFound: unknown model or version.
             InvalidArgument: malformed alias, or ``latest`` (managed by the registry).
         """
-        try:
-            return await self._stub.SetAlias(
-                registry_pb2.SetAliasRequest(model=model, alias=alias, version=version),
-                timeout=self._timeout,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _error(exc) from None
+        return await self._unary(
+            self._stub.SetAlias,
+            registry_pb2.SetAliasRequest(model=model, alias=alias, version=version),
+        )
 
     async def archive(
         self, model: str, version: str, *, requested_by: str = ""
@@ -282,6 +262,7 @@ class RegistryClient:
         )
 
     async def _unary(self, method, request):  # type: ignore[no-untyped-def]
+        """One unary call with the client's deadline; a gRPC error becomes its `InferbusError`."""
         try:
             return await method(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
@@ -350,19 +331,13 @@ class RegistryClient:
         return dest
 
     # --- release management: routes, rollouts, pools ------------------------------
-    async def _call(self, method, request):  # type: ignore[no-untyped-def]
-        try:
-            return await method(request, timeout=self._timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise _error(exc) from None
-
     async def get_route(self, model: str, *, history: int = 0) -> registry_pb2.RouteState:
         """The model's route (``route_json``), its KV revision and `history` earlier ones.
 
         Raises:
             NotFound: unknown model, or a model without a route.
         """
-        return await self._call(
+        return await self._unary(
             self._stub.GetRoute, registry_pb2.GetRouteRequest(model=model, history=history)
         )
 
@@ -403,7 +378,7 @@ class RegistryClient:
             change=change,
             **{k: v for k, v in fields.items() if v is not None},
         )
-        return await self._call(self._stub.SetTraffic, request)
+        return await self._unary(self._stub.SetTraffic, request)
 
     async def start_rollout(
         self,
@@ -426,7 +401,7 @@ class RegistryClient:
             InvalidArgument: a bad plan.
             NotFound: unknown model or version.
         """
-        return await self._call(
+        return await self._unary(
             self._stub.StartRollout,
             registry_pb2.StartRolloutRequest(
                 model=model,
@@ -448,7 +423,7 @@ class RegistryClient:
         Raises:
             NotFound: it never had one.
         """
-        return await self._call(self._stub.GetRollout, registry_pb2.GetRolloutRequest(model=model))
+        return await self._unary(self._stub.GetRollout, registry_pb2.GetRolloutRequest(model=model))
 
     async def control_rollout(
         self, model: str, action: str, *, requested_by: str = "", reason: str = ""
@@ -458,7 +433,7 @@ class RegistryClient:
         Raises:
             FailedPrecondition: the action does not fit the rollout's state.
         """
-        return await self._call(
+        return await self._unary(
             self._stub.ControlRollout,
             registry_pb2.ControlRolloutRequest(
                 model=model, action=action, requested_by=requested_by, reason=reason
@@ -467,7 +442,7 @@ class RegistryClient:
 
     async def list_pools(self) -> list[registry_pb2.PoolInfo]:
         """The pool ledger."""
-        resp = await self._call(self._stub.ListPools, registry_pb2.ListPoolsRequest())
+        resp = await self._unary(self._stub.ListPools, registry_pb2.ListPoolsRequest())
         return list(resp.pools)
 
     async def set_pool(
@@ -481,7 +456,7 @@ class RegistryClient:
     ) -> registry_pb2.PoolInfo:
         """Create or change a pool's quota (0 = unlimited) and release state (open/frozen)."""
         fields = {"max_workers": max_workers, "max_gpus": max_gpus, "state": state}
-        return await self._call(
+        return await self._unary(
             self._stub.SetPool,
             registry_pb2.SetPoolRequest(
                 name=name,

@@ -35,6 +35,7 @@ from inferbus_registry.traffic import (
     TrafficChange,
     apply_traffic,
     read_route,
+    refuse_unservable,
     route_history,
 )
 
@@ -177,6 +178,12 @@ class ReleaseRPCs:
             value = getattr(change, kind)
             if value and value not in versions and value in state.aliases:
                 change = _replace(change, kind, state.aliases[value])
+        refuse_unservable(
+            model,
+            unloaded=state.unloaded,
+            archived=list(state.archived),
+            versions=(change.canary or "", change.shadow or ""),
+        )
         pools = self._pools
         frozen_checks: list[tuple[str, str]] = []
         if pools is not None:

@@ -61,7 +61,13 @@ from inferbus_registry import metrics
 from inferbus_registry.pools import HEARTBEAT_MAX_AGE_S, PoolBook, read_bucket
 from inferbus_registry.publisher import CatalogPublisher
 from inferbus_registry.repository import ModelRepository
-from inferbus_registry.traffic import ensure_route_history, merge_catalog, now_ms, read_route
+from inferbus_registry.traffic import (
+    ensure_route_history,
+    merge_catalog,
+    now_ms,
+    read_route,
+    refuse_unservable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -609,7 +615,14 @@ class RolloutController:
         check_plan(steps, interval_s, max_error_rate, max_p99_ratio, min_requests, on_fail)
         state = await self._repo.state(model)
         version = await self._repo.resolve(model, version)
-        if version not in state.versions or version in state.archived:
+        refuse_unservable(
+            model,
+            unloaded=state.unloaded,
+            archived=list(state.archived),
+            versions=(version,),
+            action="a rollout",
+        )
+        if version not in state.versions:
             raise NotFound(
                 f"{model!r} has no routable version {version!r}; versions: {state.versions}"
             )
@@ -682,6 +695,15 @@ class RolloutController:
             current, seq = await self.read(model)
             if current is None:
                 raise NotFound(f"{model!r} has no rollout; start one with `inferbus rollout start`")
+            if action == "resume":
+                state = await self._repo.state(model)
+                refuse_unservable(
+                    model,
+                    unloaded=state.unloaded,
+                    archived=list(state.archived),
+                    versions=(current.version,),
+                    action="a rollout",
+                )
             who = f" by {requested_by}" if requested_by else ""
             text = reason or f"{action}{who}"
             new = self._transition(current, action, text)
@@ -776,6 +798,10 @@ class RolloutController:
                 await self._reconcile(record)
                 await self._write(record.model_copy(update={"applied": True}), seq)
             return
+        withdrawn = await self._withdrawn(record)
+        if withdrawn:
+            await self._end_withdrawn(record, seq, withdrawn)
+            return
         await self._reconcile(record)
         if not record.ready_unix_ms:
             await self._warm_up(record, seq)
@@ -853,6 +879,43 @@ class RolloutController:
         await self._reconcile(new)
         self._windows.get((model, record.version), _Window()).prune(now)
         self._windows.get((model, record.previous_stable), _Window()).prune(now)
+
+    async def _withdrawn(self, record: Rollout) -> str:
+        """Why an active rollout's canary can no longer take traffic ('' when it can).
+
+        The route is the cheap signal (one KV read a tick): a model without a
+        route, or a canary that left the route's versions, was unloaded,
+        archived or deleted; the repository then names which.
+        """
+        route, _ = await read_route(await self._publisher.routes_kv(), self._subjects, record.model)
+        if route is not None and record.version in route.versions:
+            return ""
+        try:
+            state = await self._repo.state(record.model)
+        except NotFound:
+            return f"{record.model!r} was deleted"
+        try:
+            refuse_unservable(
+                record.model,
+                unloaded=state.unloaded,
+                archived=list(state.archived),
+                versions=(record.version,),
+                action="a rollout",
+            )
+        except FailedPrecondition as exc:
+            return exc.message
+        if record.version not in state.versions:
+            return f"version {record.version!r} of {record.model!r} was deleted"
+        return ""  # no route for another reason (e.g. no stable yet): keep waiting
+
+    async def _end_withdrawn(self, record: Rollout, seq: int, reason: str) -> None:
+        """Abort a rollout whose canary was taken out of serving under it."""
+        new = self._close_step(record, "aborted", reason, now_ms(), state="aborted")
+        if await self._write(new, seq) is None:
+            return
+        log.warning("rollout %s aborted: %s", record.id, reason, extra={"model": record.model})
+        await self._event(new, "rollout_aborted", action="withdrawn", by="registry")
+        await self._reconcile(new)
 
     async def canary_state(self, model: str, version: str) -> str:
         """``ready`` when a live, admitted worker serves it, else the most telling state."""

@@ -306,6 +306,43 @@ def normalise_sticky(value: str) -> str:
     )
 
 
+def refuse_unservable(
+    model: str,
+    *,
+    unloaded: bool,
+    archived: list[str],
+    versions: tuple[str, ...] = (),
+    action: str = "traffic",
+) -> None:
+    """Refuse traffic to a model taken out of serving or to archived versions.
+
+    Both are states an operator chose (``SetServing`` off, ``ArchiveVersion``);
+    naming the state tells them what to undo, where "no routable version" would
+    not.
+
+    Args:
+        model: model name.
+        unloaded: the model is out of serving (its route is withdrawn).
+        archived: the model's archived versions.
+        versions: the versions the change sends traffic to ('' entries ignored).
+        action: what is refused, for the message (e.g. ``a rollout``).
+
+    Raises:
+        FailedPrecondition: the model is unloaded, or one of `versions` is archived.
+    """
+    if unloaded:
+        raise FailedPrecondition(
+            f"{model!r} is unloaded (SetServing off): it takes no {action} until it is "
+            "loaded again (SetServing on, or the repository API's load)"
+        )
+    for version in versions:
+        if version and version in archived:
+            raise FailedPrecondition(
+                f"version {version!r} of {model!r} is archived: it takes no {action}; "
+                f"make it usable again with `inferbus models unarchive {model} {version}`"
+            )
+
+
 def apply_traffic(route: Route, change: TrafficChange, versions: list[str]) -> Route:
     """`route` with `change` applied and checked.
 

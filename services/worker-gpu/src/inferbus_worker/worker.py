@@ -22,59 +22,35 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import socket
 import time
 from pathlib import Path
 from types import TracebackType
 
-import nats.errors
-import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from inferbus_common import ops
 from inferbus_common.bus import connect, ensure_batch_stream, shutdown
-from inferbus_common.catalog import (
-    Catalog,
-    DeployedVersion,
-    WorkerStatus,
-    ensure_kv,
-    pool_admission,
-)
+from inferbus_common.catalog import Catalog, DeployedVersion, WorkerStatus, ensure_kv
 from inferbus_common.errors import FailedPrecondition, InferbusError
 from inferbus_common.grpcauth import read_secret
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.signing import SignatureError, parse_trusted_keys, signed_payload, verify
-from inferbus_common.subjects import Subjects, subject_token
+from inferbus_common.subjects import Subjects
 from inferbus_worker import metrics
 from inferbus_worker.artifacts import ArtifactCache, DigestMismatch
 from inferbus_worker.engines import Engine, build_engine, warmup_batch_sizes
+from inferbus_worker.heartbeat import NATS_ERRORS, Heartbeat, VersionKey, wait_event
 from inferbus_worker.hostspec import HostSpec
-from inferbus_worker.hostspec import detect as detect_spec
 from inferbus_worker.processing import build_processing
 from inferbus_worker.runner import ModelRunner
 from inferbus_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
-VersionKey = tuple[str, str]
-"""(model, version)."""
-
-_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError)
-
-
-async def _wait_event(event: asyncio.Event, timeout: float) -> None:
-    """Wait for `event` at most `timeout` seconds.
-
-    Not ``asyncio.wait_for``: on Python 3.11 it can lose a cancellation that
-    arrives as the event is set, and an owned loop would then never stop.
-    """
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            await event.wait()
+_NATS_ERRORS = NATS_ERRORS
 
 
 def _load_engine(engine: Engine, config: ModelConfig) -> None:
@@ -115,16 +91,16 @@ class Worker:
         self._workers_kv: KeyValue | None = None
         self._catalog_loaded = False
         self._changed = asyncio.Event()
-        self._status_changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stack = contextlib.AsyncExitStack()
         self._closed = False
-        self.spec = HostSpec()
-        """CPUs, memory and GPUs of this process (detected at start, in the heartbeat)."""
-        self.joined_unix_ms = time.time_ns() // 1_000_000
-        """Start time: pools admit workers oldest first."""
-        self.admission = ""
-        """Why the pool's quota keeps this worker out ('' = admitted)."""
+        self.heartbeat = Heartbeat(
+            self.instance_id,
+            settings.pool,
+            lambda: self.states,
+            interval_s=settings.heartbeat_s,
+        )
+        """Status record, host spec and pool admission (shared with the LLM worker)."""
         self._lazy_requested: set[VersionKey] = set()
         """Lazy versions a load hint asked for (see `_on_load_hint`)."""
 
@@ -160,7 +136,7 @@ class Worker:
         await self._catalog.__aenter__()
         await self._catalog.wait_loaded()
         self._catalog_loaded = True
-        self.spec = await asyncio.to_thread(detect_spec)
+        await self.heartbeat.detect()
         # Lazy versions load when a gateway publishes a hint for them (every
         # worker sees every hint; those whose pool serves the version load it).
         await self._nc.subscribe(self.subjects.load_hint_all, cb=self._on_load_hint)
@@ -172,7 +148,11 @@ class Worker:
                 "port": self.metrics_port,
             },
         )
-        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="heartbeat"))
+        self._tasks.append(
+            asyncio.create_task(
+                self.heartbeat.run(self._workers_kv, lambda: self._closed), name="heartbeat"
+            )
+        )
         self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="reconcile"))
 
     async def drain(self) -> None:
@@ -199,8 +179,7 @@ class Worker:
                 log.warning("drain timed out; unacked batches will be redelivered elsewhere")
         metrics.MODELS_LOADED.set(0)
         if self._workers_kv is not None:
-            with contextlib.suppress(*_NATS_ERRORS):
-                await self._workers_kv.delete(self._heartbeat_key)
+            await self.heartbeat.remove(self._workers_kv)
         if self._catalog is not None:
             await self._catalog.__aexit__(None, None, None)
         if self._nc is not None:
@@ -228,66 +207,35 @@ class Worker:
         return True, listing
 
     @property
-    def _heartbeat_key(self) -> str:
-        return subject_token(self.instance_id)
+    def spec(self) -> HostSpec:
+        """CPUs, memory and GPUs of this process (detected at start, in the heartbeat)."""
+        return self.heartbeat.spec
+
+    @property
+    def joined_unix_ms(self) -> int:
+        """Start time: pools admit workers oldest first."""
+        return self.heartbeat.joined_unix_ms
+
+    @property
+    def admission(self) -> str:
+        """Why the pool's quota keeps this worker out ('' = admitted)."""
+        return self.heartbeat.admission
 
     def _set_state(self, key: VersionKey, state: str | None) -> None:
         if state is None:
             self.states.pop(key, None)
         else:
             self.states[key] = state
-        self._status_changed.set()
+        self.heartbeat.changed.set()
 
     def status(self) -> WorkerStatus:
         """This worker's heartbeat record, as of now."""
-        return WorkerStatus(
-            worker_id=self.instance_id,
-            pool=self.settings.pool,
-            models={f"{m}/{v}": s for (m, v), s in self.states.items()},
-            ts_ms=int(time.time() * 1000),
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            cpus=self.spec.cpus,
-            memory_bytes=self.spec.memory_bytes,
-            gpu_type=self.spec.gpu_type,
-            gpu_count=self.spec.gpu_count,
-            joined_unix_ms=self.joined_unix_ms,
-            admitted=not self.admission,
-            reason=self.admission,
-        )
+        return self.heartbeat.status()
 
     def _update_admission(self) -> None:
         """Recompute whether the pool's quota admits this worker (from live heartbeats)."""
         assert self._catalog is not None
-        pool = self.settings.pool
-        me = self.status()
-        members = [
-            w
-            for w in self._catalog.workers.values()
-            if w.pool == pool and w.worker_id != me.worker_id and w.is_fresh(15.0)
-        ]
-        reason = pool_admission(pool, [*members, me], self._catalog.pools.get(pool)).get(
-            me.worker_id, ""
-        )
-        if reason != self.admission:
-            if reason:
-                log.warning("not admitted: %s", reason, extra={"pool": pool})
-            else:
-                log.info("admitted to pool %s", pool, extra={"pool": pool})
-            self.admission = reason
-            self._status_changed.set()
-
-    async def _heartbeat_loop(self) -> None:
-        assert self._workers_kv is not None
-        while not self._closed:
-            self._status_changed.clear()
-            try:
-                await self._workers_kv.put(
-                    self._heartbeat_key, self.status().model_dump_json().encode()
-                )
-            except _NATS_ERRORS as exc:
-                log.warning("heartbeat failed: %s", exc)
-            await _wait_event(self._status_changed, self.settings.heartbeat_s)
+        self.heartbeat.update_admission(self._catalog)
 
     # --- what to serve ---------------------------------------------------------
     def desired(self) -> dict[VersionKey, DeployedVersion]:
@@ -319,7 +267,7 @@ class Worker:
             wait = self.settings.load_retry_s
             if self._unwanted_since:
                 wait = min(wait, max(0.05, self.settings.unload_grace_s / 4))
-            await _wait_event(self._changed, wait)
+            await wait_event(self._changed, wait)
 
     async def _reconcile(self) -> None:
         self._update_admission()

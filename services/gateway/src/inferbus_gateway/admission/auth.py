@@ -466,6 +466,18 @@ class Authenticator:
         )
         raise PermissionDenied(f"tenant '{principal.tenant}' may not call model '{model}'")
 
+    async def may_call(self, principal: Principal, model: str) -> bool:
+        """Whether `principal` may call `model`: `authorize` without the refusal
+        (for listings, which leave out what the caller may not call).
+
+        Raises:
+            Unavailable: Redis cannot be reached and the list is not cached.
+        """
+        if not self.enabled or principal.method == "none":
+            return True
+        allowed = await self._allowed(principal.tenant)
+        return ALL_MODELS in allowed or model in allowed
+
     async def _allowed(self, tenant: str) -> frozenset[str]:
         now = self._clock()
         cached = self._models_cache.get(tenant)

@@ -15,13 +15,22 @@ awaited before the response starts, so an overloaded worker's refusal is a real
 
 Extensions: ``ignore_eos`` (vLLM's), the ``inferbus-timeout-ms`` header (the
 request's deadline, as for V2) and ``x-request-id`` (the request id).
+
+Every completion request gets what a V2 request gets from `RequestScope`: one
+access-log line (protocol ``openai``; written when the answer ends, so a
+stream's line carries its real length and outcome, ``CANCELLED`` when the
+client left) and, when tracing samples it, a server span whose context the
+request carries to the worker. ``/v1/models`` lists only the models the
+caller's tenant may call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -40,6 +49,7 @@ from inferbus_common.errors import (
     status_of,
 )
 from inferbus_common.generation import GenerationChunk, GenerationRequest
+from inferbus_gateway.access import RequestScope
 from inferbus_gateway.admission import BreakerOpen
 from inferbus_gateway.generation import GenerationCall, GenerationService
 
@@ -48,6 +58,8 @@ log = logging.getLogger(__name__)
 TIMEOUT_HEADER = "inferbus-timeout-ms"
 REQUEST_ID_HEADER = "x-request-id"
 MAX_BODY_BYTES = 4 << 20
+PROTOCOL = "openai"
+"""The ``protocol`` of these requests in access-log lines and spans."""
 
 _ERROR_TYPES = {
     StatusCode.INVALID_ARGUMENT: "invalid_request_error",
@@ -155,6 +167,39 @@ def parse_request(body: dict[str, Any], kind: str) -> tuple[str, GenerationReque
     return model, request, stream, include_usage
 
 
+@dataclass(slots=True)
+class _Exchange:
+    """What `RequestScope` reads of a request and its answer (id, tenant, version)."""
+
+    id: str
+    tenant: str = ""
+    version: str = ""
+    degraded: bool = False
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+class _Ending:
+    """Finishes a request's `RequestScope` exactly once, whichever path ends it."""
+
+    __slots__ = ("done", "scope")
+
+    def __init__(self, scope: RequestScope) -> None:
+        self.scope = scope
+        self.done = False
+
+    def finish(self, exc: BaseException | None) -> None:
+        """Finish the scope (span and access-log line) unless already done."""
+        if not self.done:
+            self.done = True
+            self.scope.finish(exc)
+
+
+def _answered(scope: RequestScope, call: GenerationCall) -> None:
+    """Tell `scope` who asked and which version answered (before it finishes)."""
+    scope.request = _Exchange(call.request_id, call.tenant)  # type: ignore[assignment]
+    scope.response = _Exchange(call.request_id, call.tenant, call.version)  # type: ignore[assignment]
+
+
 def _usage(call: GenerationCall) -> dict[str, int]:
     return {
         "prompt_tokens": call.prompt_tokens,
@@ -207,15 +252,20 @@ class _EventStream(StreamingResponse):
     at once, which publishes the cancel that aborts the request in vLLM.
     """
 
-    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+    def __init__(
+        self, events: AsyncIterator[bytes], headers: dict[str, str], ending: _Ending
+    ) -> None:
         super().__init__(events, media_type="text/event-stream", headers=headers)
         self._events = events
+        self._ending = ending
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self._events.aclose()  # type: ignore[attr-defined]
+            # A stream closed before its first line never ran its own cleanup.
+            self._ending.finish(asyncio.CancelledError())
 
 
 async def _events(
@@ -224,8 +274,14 @@ async def _events(
     first: GenerationChunk | None,
     rest: AsyncIterator[GenerationChunk],
     include_usage: bool,
+    ending: _Ending,
 ) -> AsyncIterator[bytes]:
-    """SSE lines: the first chunk (already received), the rest, usage, [DONE]."""
+    """SSE lines: the first chunk (already received), the rest, usage, [DONE].
+
+    The request's scope ends with the stream: with the error it carried, or
+    with the `GeneratorExit` of a client that left (logged ``CANCELLED``).
+    """
+    outcome: BaseException | None = None
     try:
         if first is not None:
             yield b"data: " + _chunk_json(call, kind, first, True) + b"\n\n"
@@ -242,10 +298,18 @@ async def _events(
             }
             yield b"data: " + orjson.dumps(usage) + b"\n\n"
     except InferbusError as exc:
+        outcome = exc
         _, body, _ = error_body(exc)
         yield b"data: " + orjson.dumps(body) + b"\n\n"
+    except BaseException as exc:  # GeneratorExit / CancelledError: the client left
+        outcome = exc
+        raise
     finally:
         await rest.aclose()  # type: ignore[attr-defined]
+        _answered(ending.scope, call)
+        if outcome is not None:
+            ending.scope.response = None
+        ending.finish(outcome)
     yield b"data: [DONE]\n\n"
 
 
@@ -254,7 +318,7 @@ def openai_routes(service: GenerationService) -> list[Route]:
 
     async def list_models(request: Request) -> Response:
         try:
-            await service.authorize(request.headers)
+            visible = await service.visible_models(request.headers)
         except InferbusError as exc:
             return _error(exc)
         data = [
@@ -267,22 +331,48 @@ def openai_routes(service: GenerationService) -> list[Route]:
                 "parent": None,
                 "version": dv.version,
             }
-            for dv in service.generative_models()
+            for dv in visible
         ]
         return JSONResponse({"object": "list", "data": data})
 
+    async def read_body(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:
+            raise InvalidArgument(f"request body exceeds {MAX_BODY_BYTES} bytes")
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidArgument(f"the body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise InvalidArgument("the body must be a JSON object")
+        return body
+
     async def generate(request: Request, kind: str) -> Response:
         t0 = time.monotonic()
+        traceparent = request.headers.get("traceparent", "")
         try:
-            raw = await request.body()
-            if len(raw) > MAX_BODY_BYTES:
-                raise InvalidArgument(f"request body exceeds {MAX_BODY_BYTES} bytes")
-            try:
-                body = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise InvalidArgument(f"the body is not valid JSON: {exc}") from None
-            if not isinstance(body, dict):
-                raise InvalidArgument("the body must be a JSON object")
+            body = await read_body(request)
+        except InferbusError as exc:
+            RequestScope(PROTOCOL, "", traceparent, service.access_log).start().finish(exc)
+            return _error(exc)
+        model = body.get("model")
+        scope = RequestScope(
+            PROTOCOL, model if isinstance(model, str) else "", traceparent, service.access_log
+        )
+        ending = _Ending(scope.start())
+        try:
+            return await _generate(request, body, kind, ending, t0)
+        except BaseException as exc:
+            ending.finish(exc)
+            raise
+
+    async def _generate(
+        request: Request, body: dict[str, Any], kind: str, ending: _Ending, t0: float
+    ) -> Response:
+        """`generate` once the body is read: every return has finished `ending`
+        or handed it to the event stream."""
+        scope = ending.scope
+        try:
             model, gen_request, stream, include_usage = parse_request(body, kind)
             timeout = request.headers.get(TIMEOUT_HEADER)
             try:
@@ -295,10 +385,12 @@ def openai_routes(service: GenerationService) -> list[Route]:
                 request.headers,
                 timeout_s=timeout_s,
                 request_id=request.headers.get(REQUEST_ID_HEADER, ""),
-                traceparent=request.headers.get("traceparent", ""),
+                traceparent=scope.traceparent,
             )
         except InferbusError as exc:
+            ending.finish(exc)
             return _error(exc)
+        _answered(scope, call)
         chunks = call.chunks()
         try:
             # Wait for the first chunk: a refusal (429 from a full worker) or an
@@ -308,11 +400,14 @@ def openai_routes(service: GenerationService) -> list[Route]:
             first = None
         except InferbusError as exc:
             await chunks.aclose()
+            scope.response = None
+            ending.finish(exc)
             return _error(exc)
         headers = {REQUEST_ID_HEADER: call.request_id}
         if stream:
             headers["Cache-Control"] = "no-cache"
-            return _EventStream(_events(call, kind, first, chunks, include_usage), headers)
+            events = _events(call, kind, first, chunks, include_usage, ending)
+            return _EventStream(events, headers, ending)
         parts = [first.text] if first is not None else []
         finish = first.finish_reason if first is not None else None
         try:
@@ -322,9 +417,13 @@ def openai_routes(service: GenerationService) -> list[Route]:
                 parts.append(chunk.text)
                 finish = chunk.finish_reason or finish
         except InferbusError as exc:
+            scope.response = None
+            ending.finish(exc)
             return _error(exc)
         finally:
             await chunks.aclose()
+        _answered(scope, call)
+        ending.finish(None)
         text = "".join(parts)
         if kind == "chat":
             choice: dict[str, Any] = {

@@ -4,7 +4,10 @@ Like the tensor `Worker`: it follows the catalog (versions routed as ``stable``
 or by an alias, placed on its pool, whose ``engine.kind`` is ``vllm``), fetches
 and verifies their files (`ArtifactCache`: SHA-256 of every file, signatures
 when trusted keys are set), starts one `LlmEngine` per version and heartbeats
-a `WorkerStatus`, so the gateway knows what is ready.
+a `WorkerStatus`, so the gateway knows what is ready. The heartbeat and pool
+admission are the tensor worker's (`Heartbeat`): the record carries the host
+spec (CPUs, memory, GPUs), and a worker over its pool's quota serves nothing
+and reports not ready until a place frees up.
 
 Per version it subscribes to ``ib.gen.<model>.<version>`` in the queue group
 ``llm`` (several workers share the load). Admission is bounded: at most
@@ -22,13 +25,10 @@ import contextlib
 import itertools
 import logging
 import os
-import socket
 import time
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 
-import nats.errors
-import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -47,29 +47,23 @@ from inferbus_common.errors import (
     status_of,
 )
 from inferbus_common.generation import GenerationChunk, GenerationRequest
+from inferbus_common.grpcauth import read_secret
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.modelconfig import GenerationConfig
 from inferbus_common.replies import error_headers
 from inferbus_common.signing import SignatureError, parse_trusted_keys, signed_payload, verify
-from inferbus_common.subjects import Subjects, name_from_token, subject_token
+from inferbus_common.subjects import Subjects, name_from_token
 from inferbus_worker.artifacts import ArtifactCache
+from inferbus_worker.heartbeat import NATS_ERRORS, Heartbeat, VersionKey, wait_event
 from inferbus_worker.llm import metrics
 from inferbus_worker.llm.engine import EngineStats, LlmEngine, detect_device
 from inferbus_worker.llm.settings import LlmWorkerSettings
 
 log = logging.getLogger(__name__)
 
-VersionKey = tuple[str, str]
-_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError)
+_NATS_ERRORS = NATS_ERRORS
 QUEUE_GROUP = "llm"
 FULL_REASON = "llm-full"
-
-
-async def _wait_event(event: asyncio.Event, timeout: float) -> None:
-    """Wait for `event` at most `timeout` seconds (not wait_for: see worker.py)."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            await event.wait()
 
 
 class VersionServer:
@@ -278,7 +272,10 @@ class LlmWorker:
         self.device = detect_device(settings.device)
         self._trusted_keys = parse_trusted_keys(settings.trusted_keys)
         self.cache = ArtifactCache(
-            settings.cache_dir, settings.registry_url, timeout_s=settings.registry_timeout_s
+            settings.cache_dir,
+            settings.registry_url,
+            timeout_s=settings.registry_timeout_s,
+            registry_token=read_secret(None, settings.registry_token_file),
         )
         self.states: dict[VersionKey, str] = {}
         self.servers: dict[VersionKey, VersionServer] = {}
@@ -288,11 +285,17 @@ class LlmWorker:
         self._catalog: Catalog | None = None
         self._workers_kv: KeyValue | None = None
         self._changed = asyncio.Event()
-        self._status_changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stack = contextlib.AsyncExitStack()
         self._closed = False
         self.metrics_port = 0
+        self.heartbeat = Heartbeat(
+            self.instance_id,
+            settings.pool,
+            lambda: self.states,
+            interval_s=settings.heartbeat_s,
+        )
+        """Status record, host spec and pool admission (shared with the tensor worker)."""
 
     async def __aenter__(self) -> LlmWorker:
         try:
@@ -322,8 +325,13 @@ class LlmWorker:
         self._catalog = Catalog(js, self.subjects, on_change=self._changed.set)
         await self._catalog.__aenter__()
         await self._catalog.wait_loaded()
+        await self.heartbeat.detect()
         await self._nc.subscribe(self.subjects.gen_cancel_all, cb=self._on_cancel)
-        self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="heartbeat"))
+        self._tasks.append(
+            asyncio.create_task(
+                self.heartbeat.run(self._workers_kv, lambda: self._closed), name="heartbeat"
+            )
+        )
         self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="reconcile"))
         self._tasks.append(asyncio.create_task(self._gauge_loop(), name="gauges"))
         ops.write_ports_file(self.settings.ports_file, {"metrics": self.metrics_port})
@@ -349,8 +357,7 @@ class LlmWorker:
         for server in servers:
             await server.stop(self.settings.drain_timeout_s)
         if self._workers_kv is not None:
-            with contextlib.suppress(*_NATS_ERRORS):
-                await self._workers_kv.delete(subject_token(self.instance_id))
+            await self.heartbeat.remove(self._workers_kv)
         if self._catalog is not None:
             await self._catalog.__aexit__(None, None, None)
         if self._nc is not None:
@@ -360,43 +367,30 @@ class LlmWorker:
 
     # --- status ------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
-        """(ready, reason) for /readyz: connected; lists the versions and their state."""
+        """(ready, reason) for /readyz: connected, admitted; lists the versions and their state."""
         if self._nc is None or not self._nc.is_connected:
             return False, "not connected to NATS"
+        if self.heartbeat.admission:
+            return False, self.heartbeat.admission
         if not self.states:
             return True, f"no generative version is placed on pool '{self.settings.pool}'"
         return True, "; ".join(f"{m}/{v}: {s}" for (m, v), s in sorted(self.states.items()))
+
+    @property
+    def admission(self) -> str:
+        """Why the pool's quota keeps this worker out ('' = admitted)."""
+        return self.heartbeat.admission
 
     def _set_state(self, key: VersionKey, state: str | None) -> None:
         if state is None:
             self.states.pop(key, None)
         else:
             self.states[key] = state
-        self._status_changed.set()
+        self.heartbeat.changed.set()
 
     def status(self) -> WorkerStatus:
-        """This worker's heartbeat record."""
-        return WorkerStatus(
-            worker_id=self.instance_id,
-            pool=self.settings.pool,
-            models={f"{m}/{v}": s for (m, v), s in self.states.items()},
-            ts_ms=int(time.time() * 1000),
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            cpus=len(os.sched_getaffinity(0)),
-        )
-
-    async def _heartbeat_loop(self) -> None:
-        assert self._workers_kv is not None
-        while not self._closed:
-            self._status_changed.clear()
-            try:
-                await self._workers_kv.put(
-                    subject_token(self.instance_id), self.status().model_dump_json().encode()
-                )
-            except _NATS_ERRORS as exc:
-                log.warning("heartbeat failed: %s", exc)
-            await _wait_event(self._status_changed, self.settings.heartbeat_s)
+        """This worker's heartbeat record (host spec and admission included)."""
+        return self.heartbeat.status()
 
     async def _gauge_loop(self) -> None:
         """Engine-side numbers that only exist by asking the engine."""
@@ -422,6 +416,8 @@ class LlmWorker:
         """Generative versions placed on this pool that a route points at (any role)."""
         assert self._catalog is not None
         out: dict[VersionKey, DeployedVersion] = {}
+        if self.heartbeat.admission:
+            return out  # over the pool's quota: serve nothing until admitted
         for (model, version), dv in self._catalog.versions.items():
             route = self._catalog.routes.get(model)
             if route is None or dv.config.pool != self.settings.pool or not dv.config.generative:
@@ -438,9 +434,11 @@ class LlmWorker:
         while not self._closed:
             self._changed.clear()
             await self._reconcile()
-            await _wait_event(self._changed, self.settings.load_retry_s)
+            await wait_event(self._changed, self.settings.load_retry_s)
 
     async def _reconcile(self) -> None:
+        assert self._catalog is not None
+        self.heartbeat.update_admission(self._catalog)
         want = self.desired()
         now = time.monotonic()
         for key, dv in want.items():

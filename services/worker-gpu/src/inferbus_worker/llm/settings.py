@@ -22,6 +22,9 @@ class LlmWorkerSettings(ServiceSettings):
     """Worker pool: the worker serves the generative versions placed on it."""
     registry_url: str = "127.0.0.1:8070"
     """Registry gRPC address (model files are downloaded from it)."""
+    registry_token_file: Path | None = None
+    """File holding the registry's reader token, when the registry requires one
+    (as for the tensor worker)."""
     cache_dir: Path = Path("~/.cache/inferbus/llm-artifacts")
     """Local artifact cache (files are SHA-256 checked against the catalog)."""
     trusted_keys: list[str] = Field(default_factory=list)
