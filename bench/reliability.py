@@ -67,9 +67,13 @@ def run_matrix_and_overload(quick: bool, flood_s: float) -> tuple[list[dict], li
             stack.wait_model_ready("fraud")
             stack.wait_model_ready(SLOW_MODEL)
             for fault in FAULTS.values():
+                crashes_before = len(stack.start_crashes)
                 report = asyncio.run(run_fault(stack, fault, shape))
                 row = report.row()
                 row["samples"] = report.samples
+                row["start_crashes"] = [
+                    service for service, _ in stack.start_crashes[crashes_before:]
+                ]
                 faults.append(row)
                 print(f"{fault.name}: {json.dumps({k: row[k] for k in _BRIEF})}", flush=True)
             for factor in (2.0, 5.0):
@@ -194,6 +198,15 @@ def render(
             f"{r['explicit_error']} | {r['lost']} | {r['hung']} | {_fmt_s(r['first_ok_s'])} | "
             f"{_fmt_s(r['recovered_s'])} | {kinds} |"
         )
+    crashed = [(r["fault"], svc) for r in faults for svc in r.get("start_crashes", [])]
+    if crashed:
+        lines += [
+            "",
+            "**Crashes while restarting** (the harness started the service again; the "
+            "service log holds the native stack): "
+            + ", ".join(f"{svc} during {fault}" for fault, svc in crashed)
+            + ".",
+        ]
     lost = sum(r["lost"] for r in faults)
     hung = sum(r["hung"] for r in faults)
     lines += [

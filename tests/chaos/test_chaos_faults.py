@@ -25,6 +25,8 @@ async def test_fault_loses_nothing_and_recovers(chaos_stack: ChaosStack, name: s
     assert all(chaos_stack.alive().values()), chaos_stack.alive()
     report = await run_fault(chaos_stack, FAULTS[name], Shape.ci())
     print(report.row(), *report.samples, sep="\n  ")
+    for service, error in chaos_stack.start_crashes:
+        print(f"NOTE: {service} crashed while restarting (started again):\n{error}")
     assert report.sent > 50, report.row()
     assert report.wrong == 0, report.samples
     assert report.hung == 0, report.samples

@@ -34,6 +34,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -91,6 +92,8 @@ _CHANNEL_ARGS = [
 # "... got no answer before its deadline". Only the second is the platform's.
 _CLIENT_DEADLINE_MESSAGE = "deadline exceeded"
 
+log = logging.getLogger(__name__)
+
 
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process, read from ``/proc/<pid>/status`` (0 if gone)."""
@@ -127,6 +130,8 @@ class ChaosStack(LocalStack):
         self.gateway_count = gateways
         self.s3 = S3Server(base / "s3")
         self._specs: dict[str, tuple[str, dict[str, str]]] = {}
+        self.start_crashes: list[tuple[str, str]] = []
+        """(service, error with log tail) of restarts that crashed while starting."""
         # Children die with the *thread* that forked them (PR_SET_PDEATHSIG), so
         # faults start processes from this one thread, which lives as long as
         # the stack, never from a short-lived executor thread.
@@ -215,7 +220,17 @@ class ChaosStack(LocalStack):
                     pinned[prefix + _PORT_SETTINGS[port_name]] = str(port)
         if old.running:
             old.kill()
-        proc = self._spawn(name, module, pinned)
+        try:
+            proc = self._spawn(name, module, pinned)
+        except ServiceError as exc:
+            if "exited with code" not in str(exc):
+                raise
+            # A crash while starting (seen once: a worker died of SIGSEGV under
+            # load) is not what this fault is about: record it with the log
+            # (faulthandler prints the native crash's stacks there) and try once more.
+            self.start_crashes.append((name, str(exc)))
+            log.warning("%s crashed during restart; starting it again: %s", name, exc)
+            proc = self._spawn(name, module, pinned)
         self._specs[name] = (module, extra)
         if ready:
             proc.wait_ready(timeout=timeout)
