@@ -13,6 +13,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # Same PATH and uv settings as bootstrap.sh, which runs in its own process.
 export PATH="$HOME/.local/bin:$PATH"
 export UV_PYTHON_DOWNLOADS="${UV_PYTHON_DOWNLOADS:-never}"
+# Tests fork service processes while gRPC threads run; gRPC's fork handlers can
+# crash such a child before exec (see conftest.py, which sets this too).
+export GRPC_ENABLE_FORK_SUPPORT="${GRPC_ENABLE_FORK_SUPPORT:-false}"
 
 if [[ "${INFERBUS_SKIP_BOOTSTRAP:-0}" != "1" ]]; then
     bash scripts/bootstrap.sh
