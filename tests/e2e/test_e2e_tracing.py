@@ -279,7 +279,9 @@ def test_batch_span_links_every_request_it_computed(
     def every_request_linked(spans: list[Span]) -> bool:
         linked = {t for s in spans if s.name == "inferbus.worker.batch" for t, _ in s.links}
         done = {s.trace_id for s in spans if s.name == "inferbus.worker.request"}
-        return set(tids) <= linked and set(tids) <= done
+        # Each service exports on its own schedule: wait for the batcher's spans too.
+        queued = {s.trace_id for s in spans if s.name.endswith("queue")}
+        return set(tids) <= linked and set(tids) <= done and set(tids) <= queued
 
     spans = collector.wait_for(every_request_linked)
     queue_spans = {
