@@ -306,7 +306,8 @@ async def test_pool_ledger_and_quota_on_the_stack(stack) -> None:
                 out = [w for w in ledger.workers if not w.admitted]
                 assert len(ledger.workers) == 3 and len(out) == 1, ledger
                 assert "pool 'default' is full" in out[0].reason
-                assert not any(k.startswith("fraud/") for k in out[0].models)
+                loaded = [k for k in out[0].models if k.startswith("fraud/")]
+                assert not loaded, (out[0], extra.log_tail())
 
                 # Raising the quota lets it in: it loads and turns ready.
                 await registry.set_pool("default", max_workers=3, updated_by="e2e")

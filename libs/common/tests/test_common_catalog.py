@@ -10,7 +10,14 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from inferbus_common.catalog import Catalog, DeployedVersion, Route, WorkerStatus, ensure_kv
+from inferbus_common.catalog import (
+    Catalog,
+    DeployedVersion,
+    InitialValues,
+    Route,
+    WorkerStatus,
+    ensure_kv,
+)
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.subjects import Subjects
 
@@ -223,3 +230,37 @@ def test_records_from_a_newer_registry_keep_serving() -> None:
     record["config"]["inputs"] = "not a list"
     with _pytest.raises(pydantic.ValidationError):
         parse_deployed_version(_json.dumps(record).encode())
+
+
+async def test_initial_values_ignore_a_marker_that_overtakes_the_entries(
+    js: JetStreamContext,
+) -> None:
+    """The watcher's "initial values done" marker can arrive before entries the
+    server already sent (its consumer-info reply overtakes them). `InitialValues`
+    counts the bucket as loaded only once the entry at its last revision is in."""
+    _, _, workers = await _buckets(js)
+    for i in range(5):
+        await workers.put(f"w{i}", _worker(f"w{i}", {}).model_dump_json().encode())
+    watcher, initial = await InitialValues.watch(workers)
+    try:
+        assert initial.upto > 0
+        assert not initial.see(None)  # the early marker: not loaded yet
+        seen: list[str] = []
+        while not initial.done:
+            entry = await watcher.updates(timeout=WAIT)
+            if entry is None:
+                assert not initial.see(entry)
+                continue
+            seen.append(entry.key)
+            assert initial.see(entry) == (len(seen) == 5), seen
+        assert sorted(seen) == [f"w{i}" for i in range(5)]
+        assert initial.see(None)  # stays loaded
+    finally:
+        await watcher.stop()
+
+    empty = await ensure_kv(js, "ib_empty")
+    watcher, initial = await InitialValues.watch(empty)
+    try:
+        assert initial.upto == 0 and initial.see(None)
+    finally:
+        await watcher.stop()

@@ -211,6 +211,43 @@ async def ensure_kv(js: JetStreamContext, bucket: str, *, history: int = 5) -> K
             return await js.key_value(bucket)
 
 
+class InitialValues:
+    """Tells when a KV watcher has delivered every value its bucket held when it started.
+
+    Not nats-py's ``None`` marker alone: the watcher sends it when a consumer-info
+    reply says nothing is pending and nothing was received yet, and that reply
+    can overtake the entries the server already sent. A worker that trusted it
+    saw an empty pool, admitted itself over the quota and started loading.
+    Here the initial values are in once the entry at the bucket's last revision
+    before the watch (or a later one) has arrived, or the consumer has nothing
+    pending; for an empty bucket the marker is enough.
+
+    Use `watch` to open the watcher, then feed every item it yields to `see`.
+    """
+
+    __slots__ = ("done", "upto")
+
+    def __init__(self, upto: int) -> None:
+        self.upto = upto
+        """The bucket's last revision (stream sequence) just before the watch."""
+        self.done = False
+
+    @classmethod
+    async def watch(cls, kv: KeyValue) -> tuple[KeyValue.KeyWatcher, InitialValues]:
+        """Watch every key of `kv` (deletes included) and track its initial values."""
+        upto = (await kv.status()).stream_info.state.last_seq
+        return await kv.watchall(), cls(upto)
+
+    def see(self, entry: KeyValue.Entry | None) -> bool:
+        """Account for one item from the watcher; True once the initial values are in."""
+        if not self.done:
+            if entry is None:
+                self.done = self.upto == 0
+            else:
+                self.done = (entry.revision or 0) >= self.upto or entry.delta == 0
+        return self.done
+
+
 class Catalog:
     """Live, in-memory view of the three catalog buckets.
 
@@ -258,8 +295,8 @@ class Catalog:
             kv = await ensure_kv(self._js, bucket)
             loaded = asyncio.Event()
             self._loaded.append(loaded)
-            watcher = await kv.watchall()
-            self._tasks.append(asyncio.create_task(self._follow(watcher, apply, loaded)))
+            watcher, initial = await InitialValues.watch(kv)
+            self._tasks.append(asyncio.create_task(self._follow(watcher, apply, loaded, initial)))
         self._rewatch_task = asyncio.create_task(self._rewatch_on_reconnect())
         return self
 
@@ -282,8 +319,10 @@ class Catalog:
             fresh: list[asyncio.Task[None]] = []
             try:
                 for bucket, apply in self._buckets():
-                    watcher = await (await ensure_kv(self._js, bucket)).watchall()
-                    fresh.append(asyncio.create_task(self._follow(watcher, apply, asyncio.Event())))
+                    watcher, initial = await InitialValues.watch(await ensure_kv(self._js, bucket))
+                    fresh.append(
+                        asyncio.create_task(self._follow(watcher, apply, asyncio.Event(), initial))
+                    )
             except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
                 for task in fresh:
                     task.cancel()
@@ -331,17 +370,21 @@ class Catalog:
         watcher: KeyValue.KeyWatcher,
         apply: Callable[[str, bytes | None], None],
         loaded: asyncio.Event,
+        initial: InitialValues,
     ) -> None:
         try:
             async for entry in watcher:
                 if entry is None:
-                    loaded.set()
+                    if initial.see(entry):
+                        loaded.set()
                     continue
                 deleted = entry.operation in ("DEL", "PURGE")
                 try:
                     apply(entry.key, None if deleted else entry.value)
                 except (ValidationError, ValueError) as exc:
                     log.warning("ignoring malformed catalog entry %s: %s", entry.key, exc)
+                if initial.see(entry):
+                    loaded.set()
                 if self._on_change is not None:
                     self._on_change()
                 async with self._changed:

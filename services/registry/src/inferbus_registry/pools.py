@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from inferbus_common.catalog import (
     POOL_STATES,
     DeployedVersion,
+    InitialValues,
     PoolSpec,
     Route,
     WorkerStatus,
@@ -45,13 +46,16 @@ HEARTBEAT_MAX_AGE_S = 15.0
 async def read_bucket(kv: KeyValue) -> dict[str, bytes]:
     """Every live key's value in a bucket (one watcher pass, no per-key round trips)."""
     out: dict[str, bytes] = {}
-    watcher = await kv.watchall(ignore_deletes=True)
+    watcher, initial = await InitialValues.watch(kv)
     try:
         async for entry in watcher:
-            if entry is None:
+            if entry is not None:
+                if entry.value and entry.operation not in ("DEL", "PURGE"):
+                    out[entry.key] = entry.value
+                else:
+                    out.pop(entry.key, None)
+            if initial.see(entry):
                 break
-            if entry.value and entry.operation not in ("DEL", "PURGE"):
-                out[entry.key] = entry.value
     finally:
         with contextlib.suppress(nats.errors.Error, nats.js.errors.Error, TimeoutError):
             await watcher.stop()

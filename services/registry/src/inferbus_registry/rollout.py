@@ -54,7 +54,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, Field, ValidationError
 
-from inferbus_common.catalog import Route, WorkerStatus, ensure_kv
+from inferbus_common.catalog import InitialValues, Route, WorkerStatus, ensure_kv
 from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from inferbus_common.subjects import Subjects
 from inferbus_registry import metrics
@@ -370,8 +370,10 @@ class RolloutController:
         # Records only (one token per model): payload captures are not evidence.
         self._sub = await self._nc.subscribe(self._subjects.audit_records_all, cb=self._on_audit)
         live_since = now_ms()
-        watcher = await self._kv.watchall()
-        self._tasks.append(asyncio.create_task(self._follow(watcher), name="rollouts-follow"))
+        watcher, initial = await InitialValues.watch(self._kv)
+        self._tasks.append(
+            asyncio.create_task(self._follow(watcher, initial), name="rollouts-follow")
+        )
         async with asyncio.timeout(10.0):
             await self._loaded.wait()
         resumed = [r for r, _ in self._records.values() if r.state == "running" and r.ready_unix_ms]
@@ -397,11 +399,12 @@ class RolloutController:
                 await self._sub.unsubscribe()
             self._sub = None
 
-    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
+    async def _follow(self, watcher: KeyValue.KeyWatcher, initial: InitialValues) -> None:
         try:
             async for entry in watcher:
-                if entry is None:
+                if initial.see(entry):
                     self._loaded.set()
+                if entry is None:
                     continue
                 if entry.operation in ("DEL", "PURGE") or not entry.value:
                     continue
