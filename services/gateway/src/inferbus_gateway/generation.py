@@ -238,6 +238,10 @@ class GenerationDispatcher:
         await self._nc.publish(subject, body, headers=headers)
 
 
+_SETTLING: set[asyncio.Future[None]] = set()
+"""Settlements in flight (a reference, so none is collected before it ends)."""
+
+
 class GenerationCall:
     """One admitted, published generative request.
 
@@ -317,16 +321,29 @@ class GenerationCall:
             raise
         finally:
             svc.dispatcher.close(self._reply)
-            if status != "OK" and why:
-                GEN_CANCELS.labels(why).inc()
-                with contextlib.suppress(Exception):
-                    await svc.dispatcher.publish(
-                        svc.dispatcher.subjects.gen_cancel(self.request_id), b"", {}
-                    )
             GEN_REQUESTS.labels(self.model, status).inc()
             GEN_TOKENS.labels(self.model, "prompt").inc(self.prompt_tokens)
             GEN_TOKENS.labels(self.model, "completion").inc(self.completion_tokens)
-            await svc.finish(self, status, error)
+            # In a task of its own: a client that left cancels this one (Starlette
+            # cancels the streaming task, and anyio cancels every await after it),
+            # which must not drop the cancel or the token settlement on the way.
+            settle = asyncio.ensure_future(self._settle(status, why, error))
+            _SETTLING.add(settle)
+            settle.add_done_callback(_SETTLING.discard)
+            await asyncio.shield(settle)
+
+    async def _settle(self, status: str, why: str, error: InferbusError | None) -> None:
+        """Cancel the request in the worker (when left early), settle tokens and breaker."""
+        svc = self._service
+        if status != "OK" and why:
+            GEN_CANCELS.labels(why).inc()
+            try:
+                await svc.dispatcher.publish(
+                    svc.dispatcher.subjects.gen_cancel(self.request_id), b"", {}
+                )
+            except Exception as exc:  # the worker then finishes it; nothing else to do
+                log.warning("could not publish the cancel of %s: %s", self.request_id, exc)
+        await svc.finish(self, status, error)
 
 
 class GenerationService:

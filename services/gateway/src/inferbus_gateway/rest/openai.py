@@ -29,9 +29,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import ValidationError
@@ -54,6 +54,8 @@ from inferbus_gateway.admission import BreakerOpen
 from inferbus_gateway.generation import GenerationCall, GenerationService
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 TIMEOUT_HEADER = "inferbus-timeout-ms"
 REQUEST_ID_HEADER = "x-request-id"
@@ -313,6 +315,40 @@ async def _events(
     yield b"data: [DONE]\n\n"
 
 
+class _ClientGone(asyncio.CancelledError):
+    """The client closed the connection before a non-streamed answer was ready."""
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client disconnects first.
+
+    A streamed answer learns this from Starlette (it watches for
+    ``http.disconnect``); a non-streamed one would otherwise generate to the
+    end for nobody. Cancelling the collection publishes the cancel, so vLLM
+    frees the sequence's KV cache at once.
+
+    Raises:
+        _ClientGone: the client left first.
+    """
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})  # its cleanup publishes the cancel
+    if task.cancelled():
+        raise _ClientGone()
+    return task.result()
+
+
 def openai_routes(service: GenerationService) -> list[Route]:
     """The OpenAI-compatible routes around a `GenerationService`."""
 
@@ -410,18 +446,29 @@ def openai_routes(service: GenerationService) -> list[Route]:
             return _EventStream(events, headers, ending)
         parts = [first.text] if first is not None else []
         finish = first.finish_reason if first is not None else None
-        try:
+
+        async def collect() -> str | None:
             # To the end (the stream ends right after the final chunk), so the call
             # counts as answered rather than cancelled.
-            async for chunk in chunks:
-                parts.append(chunk.text)
-                finish = chunk.finish_reason or finish
+            last = finish
+            try:
+                async for chunk in chunks:
+                    parts.append(chunk.text)
+                    last = chunk.finish_reason or last
+            finally:
+                await chunks.aclose()
+            return last
+
+        try:
+            finish = await _unless_disconnected(request, collect())
         except InferbusError as exc:
             scope.response = None
             ending.finish(exc)
             return _error(exc)
-        finally:
-            await chunks.aclose()
+        except _ClientGone as exc:
+            scope.response = None
+            ending.finish(exc)
+            return Response(status_code=499)  # nobody reads it; uvicorn drops it
         _answered(scope, call)
         ending.finish(None)
         text = "".join(parts)
