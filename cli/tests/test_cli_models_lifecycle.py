@@ -12,8 +12,6 @@ import hashlib
 import io
 import json
 import secrets
-import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,10 +20,6 @@ from inferbus_cli.__main__ import main
 from inferbus_cli.commands.models import collect_files, push_messages
 from inferbus_cli.progress import ProgressBar, human_bytes
 from inferbus_registry.app import RegistryApp
-from inferbus_registry.settings import RegistrySettings
-from inferbus_testing.servers import NatsServer
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_progress_bar_counts_and_draws() -> None:
@@ -71,50 +65,15 @@ def test_push_progress_reports_every_byte(tmp_path: Path) -> None:
     assert sum(len(m.chunk.data) for m in messages[1:]) == bar.done
 
 
-@pytest.fixture(scope="module")
-def nats_server() -> Iterator[NatsServer]:
-    with NatsServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def registry(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[RegistryApp]:
-    settings = RegistrySettings(
-        nats_url=nats_server.url,
-        subject_prefix="c" + secrets.token_hex(4),
-        grpc_port=0,
-        metrics_port=0,
-        store="local",
-        store_dir=tmp_path / "store",
-        spool_dir=tmp_path,
-        use_uvloop=False,
-        drain_timeout_s=1.0,
-        log_format="text",
-    )
-    async with RegistryApp(settings) as app:
-        yield app
-
-
-def _fraud_model(out: Path) -> Path:
-    import subprocess
-
-    subprocess.run(
-        [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(out)],
-        check=True,
-        capture_output=True,
-    )
-    return out
-
-
 async def _cli(*argv: str) -> int:
     return await asyncio.to_thread(main, list(argv))
 
 
 async def test_push_download_archive_delete(
-    registry: RegistryApp, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    registry: RegistryApp, fraud_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     reg = ["--registry", f"127.0.0.1:{registry.grpc_port}"]
-    model = _fraud_model(tmp_path / "fraud")
+    model = fraud_model
     size = (model / "model.onnx").stat().st_size
     pushed = sum(p.stat().st_size for _, p in collect_files(model, None)[1])
 

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
-import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,10 +13,6 @@ import pytest
 from inferbus_cli.__main__ import main
 from inferbus_cli.parser import build_parser
 from inferbus_registry.app import RegistryApp
-from inferbus_registry.settings import RegistrySettings
-from inferbus_testing.servers import NatsServer
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_parser_knows_the_release_commands() -> None:
@@ -38,51 +31,15 @@ def test_parser_knows_the_release_commands() -> None:
         p.parse_args(["rollout", "start", "m", "2", "--steps", "5,x"])
 
 
-@pytest.fixture(scope="module")
-def nats_server() -> Iterator[NatsServer]:
-    with NatsServer() as server:
-        yield server
-
-
-@pytest.fixture
-async def registry(tmp_path: Path, nats_server: NatsServer) -> AsyncIterator[RegistryApp]:
-    settings = RegistrySettings(
-        nats_url=nats_server.url,
-        subject_prefix="c" + secrets.token_hex(4),
-        grpc_port=0,
-        metrics_port=0,
-        store="local",
-        store_dir=tmp_path / "store",
-        spool_dir=tmp_path,
-        use_uvloop=False,
-        drain_timeout_s=1.0,
-        log_format="text",
-        rollout_tick_s=0.05,
-    )
-    async with RegistryApp(settings) as app:
-        yield app
-
-
-def _fraud_model(out: Path) -> Path:
-    import subprocess
-
-    subprocess.run(
-        [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(out)],
-        check=True,
-        capture_output=True,
-    )
-    return out
-
-
 async def _cli(*argv: str) -> int:
     return await asyncio.to_thread(main, list(argv))
 
 
 async def test_route_rollout_and_pools_commands(
-    registry: RegistryApp, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    registry: RegistryApp, fraud_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     reg = ["--registry", f"127.0.0.1:{registry.grpc_port}"]
-    model = _fraud_model(tmp_path / "fraud")
+    model = fraud_model
     for version in ("1", "2", "3"):
         assert (
             await _cli("models", "push", str(model), "--name", "fraud", "--version", version, *reg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from inferbus_common import grpcauth
+from inferbus_common.registrychannel import message_size_options
 from inferbus_proto.registry import registry_pb2_grpc
 from inferbus_proto.v2 import grpc_predict_v2_pb2_grpc
 
@@ -19,14 +20,7 @@ def open_channel(address: str, token: str | None = None) -> grpc.Channel:
         address: ``HOST:PORT``.
         token: registry token sent on every call (see `registry_channel`).
     """
-    return grpcauth.channel(
-        address,
-        token,
-        options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ],
-    )
+    return grpcauth.channel(address, token, options=message_size_options(MAX_MESSAGE_BYTES))
 
 
 def registry_channel(address: str) -> grpc.Channel:

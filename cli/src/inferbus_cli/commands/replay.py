@@ -37,6 +37,7 @@ from inferbus_cli.state import default_gateway_address, resolve_home
 from inferbus_cli.tensors import output_arrays
 from inferbus_common.audittrail import read_captures
 from inferbus_common.capture import CapturedRequest
+from inferbus_common.registrychannel import message_size_options
 from inferbus_common.subjects import Subjects
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 
@@ -193,11 +194,7 @@ async def replay(
     nc = await connect_nats(nats_server)
     try:
         async with grpc.aio.insecure_channel(
-            gateway,
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ],
+            gateway, options=message_size_options(MAX_MESSAGE_BYTES)
         ) as channel:
             stub = inference_stub(channel)
 

@@ -21,22 +21,24 @@ from typing import Any
 
 import grpc
 
+from inferbus_common.secretfile import read_secret
+
+__all__ = [
+    "METADATA_KEY",
+    "TOKEN_ENV",
+    "TOKEN_FILE_ENV",
+    "TokenGuard",
+    "aio_channel",
+    "channel",
+    "read_secret",
+    "token_from_env",
+]
+
 METADATA_KEY = "x-inferbus-token"
 """gRPC metadata key carrying the token."""
 
 TOKEN_ENV = "INFERBUS_REGISTRY_TOKEN"
 TOKEN_FILE_ENV = "INFERBUS_REGISTRY_TOKEN_FILE"
-
-
-def read_secret(value: str | None, file: Path | None) -> str | None:
-    """A secret from its file (preferred) or its value; None when neither is set.
-
-    Raises:
-        OSError: the file cannot be read.
-    """
-    if file is not None:
-        return file.read_text().strip() or None
-    return value or None
 
 
 def token_from_env() -> str | None:

@@ -5,6 +5,9 @@ listing with many versions), so its clients raise gRPC's 4 MiB default on both
 directions; and when the registry requires a token, every call carries it
 (`inferbus_common.grpcauth`). One function, so the registry client, the
 gateway's repository extension and the workers agree on both.
+
+`message_size_options` is the one spelling of gRPC's message-size options: the
+registry's and the gateway's servers and the CLI's channels use it too.
 """
 
 from __future__ import annotations

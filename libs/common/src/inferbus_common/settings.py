@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from inferbus_common.secretfile import read_secret
+
 
 class ServiceSettings(BaseSettings):
     """Fields common to all services."""
@@ -76,10 +78,15 @@ class ServiceSettings(BaseSettings):
             out["user_credentials"] = str(self.nats_creds_file)
         if self.nats_user:
             out["user"] = self.nats_user
-            if self.nats_password_file is not None:
-                out["password"] = self.nats_password_file.read_text().strip()
-            elif self.nats_password is not None:
-                out["password"] = self.nats_password.get_secret_value()
+            if self.nats_password_file is not None or self.nats_password is not None:
+                # Even an empty password is sent: nats-py sends the user only with one.
+                out["password"] = (
+                    read_secret(
+                        self.nats_password.get_secret_value() if self.nats_password else None,
+                        self.nats_password_file,
+                    )
+                    or ""
+                )
         if self.nats_tls_ca_file is not None:
             out["tls_ca_file"] = str(self.nats_tls_ca_file)
         return out

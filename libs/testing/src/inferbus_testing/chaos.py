@@ -54,6 +54,8 @@ from onnx import TensorProto, helper, numpy_helper
 # Services are forked from this process while gRPC client threads run; gRPC's
 # fork handlers then crash the child (SIGSEGV before exec). We never use gRPC
 # in a forked child, so the handlers are not needed. Read when grpc is imported.
+# The root conftest.py and scripts/test.sh set it for pytest; this line is for
+# bench/reliability.py, which imports this module outside pytest.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from inferbus_testing.processes import ServiceError, ServiceProcess

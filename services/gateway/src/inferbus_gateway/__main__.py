@@ -18,6 +18,7 @@ from inferbus_common.bus import connect, shutdown
 from inferbus_common.catalog import Catalog
 from inferbus_common.grpcauth import read_secret
 from inferbus_common.logs import setup_logging
+from inferbus_common.registrychannel import message_size_options
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission import Admission
 from inferbus_gateway.capture import PayloadCapture
@@ -111,8 +112,7 @@ async def serve(settings: GatewaySettings) -> None:
 
             server = grpc.aio.server(
                 options=[
-                    ("grpc.max_receive_message_length", settings.max_message_bytes),
-                    ("grpc.max_send_message_length", settings.max_message_bytes),
+                    *message_size_options(settings.max_message_bytes),
                     ("grpc.so_reuseport", 0),
                 ]
             )

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
+from inferbus_common.secretfile import read_secret
 from inferbus_common.settings import ServiceSettings
 
 
@@ -156,8 +157,7 @@ class GatewaySettings(ServiceSettings):
         Raises:
             OSError: the password file cannot be read.
         """
-        if self.redis_password_file is not None:
-            return self.redis_password_file.read_text().strip()
-        if self.redis_password is not None:
-            return self.redis_password.get_secret_value()
-        return None
+        return read_secret(
+            self.redis_password.get_secret_value() if self.redis_password else None,
+            self.redis_password_file,
+        )

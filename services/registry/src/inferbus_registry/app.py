@@ -21,6 +21,7 @@ from inferbus_common.errors import InferbusError, Unavailable
 from inferbus_common.grpcauth import TokenGuard, read_secret
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.ops import bind_socket, ops_app, serve_http, write_ports_file
+from inferbus_common.registrychannel import message_size_options
 from inferbus_common.signing import load_private_key
 from inferbus_common.subjects import Subjects
 from inferbus_proto.registry import registry_pb2_grpc
@@ -170,7 +171,6 @@ class RegistryApp:
         self.metrics_port = sock.getsockname()[1]
         await self._stack.enter_async_context(serve_http(ops_app(self.ready), sock))
 
-        max_msg = settings.grpc_max_message_bytes
         guard = TokenGuard(
             admin_token=read_secret(
                 settings.admin_token.get_secret_value() if settings.admin_token else None,
@@ -184,10 +184,7 @@ class RegistryApp:
         )
         server = grpc.aio.server(
             interceptors=[guard],
-            options=[
-                ("grpc.max_receive_message_length", max_msg),
-                ("grpc.max_send_message_length", max_msg),
-            ],
+            options=message_size_options(settings.grpc_max_message_bytes),
         )
         self.pools = PoolBook(self._nc, self.subjects)
         self.rollouts = RolloutController(
