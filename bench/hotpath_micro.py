@@ -12,21 +12,29 @@ changed), and references that were not changed: the router's read of an
 audit record (pydantic ``AuditRecord`` vs a plain ``json.loads`` of the four
 fields it needs; pydantic is faster, so it stays), the gateway's audit-record
 encoding (``json.dumps`` vs ``orjson``) and its access-log line.
+
+Round 3 (gateway, issue #10), each changed: the wait for a reply
+(``asyncio.wait_for`` vs a ``call_later`` timer on the reply's future, on
+uvloop like the services), the access-log line (``Logger.info`` vs
+``handle(makeRecord(...))``, no caller lookup) and the answered-request
+metrics (``labels(...)`` twice vs the cached children).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter
+import uvloop
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from inferbus_common.audit import encode_record
 from inferbus_common.logs import JsonFormatter
@@ -42,6 +50,46 @@ def cpu_us(fn: Callable[[], object], number: int, repeat: int) -> float:
             fn()
         best = min(best, (time.process_time() - t0) / number)
     return best * 1e6
+
+
+def loop_cpu_us(make: Callable[[], Awaitable[object]], number: int, repeat: int) -> float:
+    """`cpu_us` for a coroutine step, awaited `number` times on one uvloop loop."""
+
+    async def rounds() -> float:
+        best = float("inf")
+        for _ in range(repeat):
+            t0 = time.process_time()
+            for _ in range(number):
+                await make()
+            best = min(best, (time.process_time() - t0) / number)
+        return best * 1e6
+
+    return uvloop.run(rounds())
+
+
+async def reply_wait_for() -> object:
+    """The gateway's wait for a reply before round 3: `asyncio.wait_for`."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    loop.call_soon(fut.set_result, None)  # the reply, one loop turn later
+    return await asyncio.wait_for(fut, 10.0)
+
+
+def _expire(fut: asyncio.Future[object]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+
+
+async def reply_timer() -> object:
+    """Round 3 (`Dispatcher.call`): a timer on the reply's own future."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    loop.call_soon(fut.set_result, None)
+    timer = loop.call_later(10.0, _expire, fut)
+    try:
+        return await fut
+    finally:
+        timer.cancel()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,6 +135,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             child = children[key] = replies.labels(**labels, status="OK")
         child.inc()
 
+    requests = Counter("q", "q", ["model", "version", "protocol", "status"], registry=registry)
+    latency = Histogram("l", "l", ["model", "protocol"], registry=registry)
+    answered: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+
+    def answered_labels() -> None:
+        requests.labels("fraud", "1", "grpc", "OK").inc()
+        latency.labels("fraud", "grpc").observe(0.003)
+
+    def answered_cached() -> None:
+        key = ("fraud", "1", "grpc")
+        children = answered.get(key)
+        if children is None:
+            children = answered[key] = (
+                requests.labels("fraud", "1", "grpc", "OK"),
+                latency.labels("fraud", "grpc"),
+            )
+        children[0].inc()
+        children[1].observe(0.003)
+
     stamped = dict(record_args)
     stamped["stages_ms"] = {k: round(v, 3) for k, v in record_args["stages_ms"].items()}
 
@@ -122,9 +189,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 lambda: orjson.dumps(stamped),
             ),
             (
-                "gateway: one access-log line to a file (reference; not changed)",
+                "gateway: one access-log line to a file (info vs handle(makeRecord))",
                 lambda: log.info("infer", extra=extra),
-                None,
+                lambda: log.handle(
+                    log.makeRecord(log.name, logging.INFO, __file__, 0, "infer", (), None, extra)
+                ),
+            ),
+            (
+                "gateway: count and time an answered request (labels twice vs cached)",
+                answered_labels,
+                answered_cached,
             ),
         ]
         for name, old, new in steps:
@@ -135,6 +209,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 line |= {"new_us": round(new_us, 2), "ratio": round(new_us / old_us, 3)}
             print(json.dumps(line), flush=True)
         handler.close()
+    old_us = loop_cpu_us(reply_wait_for, n, r)
+    new_us = loop_cpu_us(reply_timer, n, r)
+    step = "gateway: wait for a reply (asyncio.wait_for vs call_later timer)"
+    print(
+        json.dumps(
+            {
+                "step": step,
+                "old_us": round(old_us, 2),
+                "new_us": round(new_us, 2),
+                "ratio": round(new_us / old_us, 3),
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

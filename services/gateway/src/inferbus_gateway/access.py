@@ -217,4 +217,11 @@ class RequestScope:
                 extra["trace_id"] = trace_id
             if reason:
                 extra["reason"] = reason
-            access_log.info("infer", extra=extra)
+            # `handle(makeRecord(...))` is `info(...)` without the caller lookup
+            # (a stack walk per request); the line is the same, `JsonFormatter`
+            # writes no source location.
+            access_log.handle(
+                access_log.makeRecord(
+                    access_log.name, logging.INFO, __file__, 0, "infer", (), None, extra=extra
+                )
+            )

@@ -56,6 +56,12 @@ def plain_version(route: Route | None, pinned: str) -> str:
     return route.stable
 
 
+def _expire(fut: asyncio.Future[Msg]) -> None:
+    """The deadline passed before the reply: wake the caller with a timeout."""
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+
+
 class Dispatcher:
     """Sends requests into the platform and matches replies to callers.
 
@@ -150,7 +156,8 @@ class Dispatcher:
         """
         token = str(next(self._tokens))
         reply = f"{self._inbox}.{token}"
-        fut: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Msg] = loop.create_future()
         self._pending[token] = fut
         headers = {
             h.REQUEST_ID: request_id,
@@ -186,7 +193,14 @@ class Dispatcher:
             remaining = h.remaining_s(deadline_ns)
             if remaining <= 0:
                 raise TimeoutError
-            return await asyncio.wait_for(fut, remaining)
+            # A timer on the reply's own future instead of `asyncio.wait_for`: the
+            # same deadline without wait_for's extra waiter future and loop hop
+            # (about 1.7 µs of CPU per request, `bench/hotpath_micro.py`).
+            timer = loop.call_later(remaining, _expire, fut)
+            try:
+                return await fut
+            finally:
+                timer.cancel()
         except TimeoutError:
             raise DeadlineExceeded(
                 f"request {request_id} for model '{model}' got no answer before its deadline"

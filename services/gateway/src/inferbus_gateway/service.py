@@ -77,6 +77,26 @@ MAX_REQUEST_ID = 256
 log = logging.getLogger(__name__)
 
 
+_answered_children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+
+
+def _answered_metrics(model: str, version: str, protocol: str) -> tuple[Counter, Histogram]:
+    """`REQUESTS` (status OK) and `LATENCY` children of a model version, made once.
+
+    ``labels(...)`` builds and looks up its key on every call; an answered
+    request needs both, so their children are kept (one entry per model
+    version and protocol, like the metrics' own label sets).
+    """
+    key = (model, version, protocol)
+    children = _answered_children.get(key)
+    if children is None:
+        children = _answered_children[key] = (
+            REQUESTS.labels(model, version, protocol, "OK"),
+            LATENCY.labels(model, protocol),
+        )
+    return children
+
+
 @dataclass
 class _Outcome:
     """What `_infer` learned about a request, kept for its audit record even when it fails."""
@@ -261,8 +281,9 @@ class InferenceService:
             reason = exc.reason if isinstance(exc, ResourceExhausted) else ""
             await self._audit(request, protocol, outcome, exc.code.name, reason, t0)
             raise
-        REQUESTS.labels(request.model, response.version, protocol, "OK").inc()
-        LATENCY.labels(request.model, protocol).observe(time.perf_counter() - t0)
+        answered, latency = _answered_metrics(request.model, response.version, protocol)
+        answered.inc()
+        latency.observe(time.perf_counter() - t0)
         outcome.version, outcome.digest = response.version, response.digest
         outcome.timings_ms = response.timings_ms
         await self._audit(request, protocol, outcome, "OK", "", t0)
