@@ -7,13 +7,15 @@ Llama built by ``examples/tiny-llm/build.py`` (random weights, a locally trained
 tokenizer). The ``openai`` package talks to the gateway's ``/v1`` endpoints.
 
 Skipped, with the reason, when ``.venvs/vllm`` is missing. The engine starts
-once per module (~20 s on CPU).
+once per module (~20 s on CPU), and once more in the last test, which kills it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -438,3 +440,120 @@ def test_tokens_per_minute_limit_refuses_a_tenant_in_debt(
         r.hdel("ib:tpm", "anonymous")
         r.delete("{ib:tpm}:anonymous")
         r.close()
+
+
+def _engine_core_pids(worker_pid: int) -> list[int]:
+    """vLLM's engine-core processes among the worker's children (from /proc).
+
+    vLLM names them ``VLLM::EngineCore`` (setproctitle, a vLLM dependency).
+    """
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == worker_pid and cmdline.startswith(b"VLLM::EngineCore"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_dead_engine_is_restarted_in_process(llm_stack: LlmStack, client: openai.OpenAI) -> None:
+    """SIGKILL of vLLM's engine-core process (as the OOM killer would do it).
+
+    The stream it was generating ends with one error event; a request right
+    after is refused at once with 503; the worker is not ready meanwhile; it
+    restarts the engine in the same process and serves again. Last in the
+    module: it leaves the stack serving, with a new engine.
+    """
+    # Once every earlier stream is over the engine holds nothing (an old note said
+    # the unfinished gauge stayed at 1 after streams finished).
+    _wait(
+        lambda: (
+            _llm_metric(llm_stack, "inferbus_llm_engine_unfinished_requests") == 0
+            and _llm_metric(llm_stack, "inferbus_llm_in_flight") == 0
+        ),
+        10,
+        "engine idle",
+        show=lambda: _llm_state(llm_stack),
+    )
+    worker_pid = llm_stack.llm.pid
+    assert worker_pid is not None
+    [core] = _engine_core_pids(worker_pid)
+    restarts = _llm_metric(llm_stack, "inferbus_llm_engine_restarts_total", result="ok")
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+        "max_tokens": 16000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    url = f"http://{llm_stack.http_url}/v1/chat/completions"
+    with httpx.Client(timeout=30) as http:
+        with http.stream("POST", url, json=body) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()
+            seen = 0
+            for line in lines:
+                seen += line.startswith("data: {")
+                if seen == 3:
+                    break
+            os.kill(core, signal.SIGKILL)
+            t_killed = time.monotonic()
+            rest = [line for line in lines if line.startswith("data: ")]
+    stream_ended = time.monotonic() - t_killed
+    errors = [
+        json.loads(line[6:])["error"]
+        for line in rest
+        if line.startswith("data: {") and "error" in json.loads(line[6:])
+    ]
+    assert len(errors) == 1, rest[-3:]
+    assert "the vLLM engine died; retry" in errors[0]["message"]
+    assert rest[-1] == "data: [DONE]"
+
+    t0 = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+    refused_in = time.monotonic() - t0
+    assert refused.value.status_code == 503, refused.value.message
+    # From the worker ("…: the vLLM engine died; retry …") or, once its heartbeat
+    # says so, from the gateway ("… is not ready (restarting: the vLLM engine died)").
+    assert "the vLLM engine died" in refused.value.message
+    assert refused_in < 5.0
+    ready = httpx.get(llm_stack.llm.readyz_url(), timeout=5)
+    assert ready.status_code == 503
+    assert "the vLLM engine died" in ready.json()["reason"]
+
+    def serves() -> bool:
+        try:
+            out = client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=4,
+                extra_body={"ignore_eos": True},
+            )
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 503, exc.message  # never a 500 meanwhile
+            return False
+        return out.usage is not None and out.usage.completion_tokens == 4
+
+    recovered_in = _wait(serves, 90, "chat completions served again", step=0.5)
+    print(
+        f"engine killed → stream ended in {stream_ended * 1000:.0f} ms, next request "
+        f"refused in {refused_in * 1000:.0f} ms, serving again after {recovered_in:.1f} s"
+    )
+    assert llm_stack.llm.running and llm_stack.llm.pid == worker_pid  # the same process
+    assert _llm_metric(llm_stack, "inferbus_llm_engine_restarts_total", result="ok") == (
+        restarts + 1
+    )
+    [new_core] = _engine_core_pids(worker_pid)
+    assert new_core != core
+    assert httpx.get(llm_stack.llm.readyz_url(), timeout=5).status_code == 200
+    log = llm_stack.llm.log_path.read_text()
+    assert "the vLLM engine died" in log and "vLLM engine restarted" in log

@@ -8,6 +8,7 @@ and vLLM never enter the uv workspace. Modules:
 * `engine` — `LlmEngine`, the one place that imports vLLM (lazily);
 * `service` — `LlmWorker`: follows the catalog, loads versions whose engine is
   ``vllm``, serves ``ib.gen.<model>.<version>`` with bounded admission, streams
-  chunks, aborts on cancel, heartbeats;
-* `metrics` — TTFT, inter-token latency, tokens, queue time, sequences, KV cache.
+  chunks, aborts on cancel, heartbeats, restarts an engine that died;
+* `metrics` — TTFT, inter-token latency, tokens, queue time, sequences, KV cache,
+  engine restarts.
 """

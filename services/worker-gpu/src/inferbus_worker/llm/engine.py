@@ -7,6 +7,11 @@ differs is chosen by `engine_options` from the model's `GenerationConfig` and th
 device: on CPU the KV cache size (``VLLM_CPU_KVCACHE_SPACE``) and eager mode, on
 GPU ``gpu_memory_utilization`` and graph capture. The GPU path is written to
 vLLM's documented arguments but has not run in this repository's CI (no GPU).
+
+vLLM's engine core runs in a child process; when it dies (killed, OOM-killed,
+a crash in a kernel) the engine is dead for good: `LlmEngine.dead` turns true
+and every request raises `EngineDead`. A new engine (`LlmEngine.fresh`) is the
+only way back; `service.VersionServer` does that.
 """
 
 from __future__ import annotations
@@ -24,6 +29,21 @@ from inferbus_common.generation import GenerationRequest
 from inferbus_common.modelconfig import GenerationConfig, ModelConfig
 
 log = logging.getLogger(__name__)
+
+ENGINE_DIED = "the vLLM engine died; retry"
+
+
+class EngineDead(Unavailable):
+    """The engine's core process is gone: the request was not (fully) computed.
+
+    UNAVAILABLE, so clients retry (the worker restarts the engine meanwhile).
+
+    Args:
+        message: what the client reads.
+    """
+
+    def __init__(self, message: str = ENGINE_DIED) -> None:
+        super().__init__(message)
 
 
 def detect_device(requested: str) -> str:
@@ -130,6 +150,24 @@ class LlmEngine:
         self._llm: Any = None
         self._tokenizer: Any = None
 
+    def fresh(self) -> LlmEngine:
+        """A new, not yet started engine with the same config, files, device and stats hook."""
+        return type(self)(self.config, self.model_dir, self.device, self._on_stats)
+
+    @property
+    def dead(self) -> bool:
+        """Whether vLLM reports the started engine errored (its core process is gone).
+
+        Never true before `start` or after `shutdown`.
+        """
+        llm = self._llm
+        if llm is None:
+            return False
+        try:
+            return bool(llm.errored)
+        except Exception:  # a half torn-down engine cannot answer: it is not serving
+            return True
+
     @property
     def description(self) -> str:
         """For logs: engine, device, version of vLLM."""
@@ -194,8 +232,11 @@ class LlmEngine:
         log.info("vLLM engine started in %.1f s", time.monotonic() - t0)
 
     def unfinished(self) -> int:
-        """Requests vLLM has not finished (running or waiting), from its own state."""
-        if self._llm is None:
+        """Requests vLLM has not finished (running or waiting), from its own state.
+
+        0 for a dead engine: it holds nothing any more.
+        """
+        if self._llm is None or self.dead:
             return 0
         return int(self._llm.get_num_unfinished_requests())
 
@@ -253,9 +294,13 @@ class LlmEngine:
         Cancelling the consumer aborts the request inside vLLM (its sequences and
         KV blocks are freed): vLLM's ``generate`` aborts on cancellation, and
         `abort` is called again here to be sure.
+
+        Raises:
+            EngineDead: the engine died before or while generating.
         """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         params = SamplingParams(
             n=1,
@@ -292,17 +337,34 @@ class LlmEngine:
                     prompt_tokens=len(prompt_ids),
                     queue_s=queue_s,
                 )
+        except Exception as exc:
+            # vLLM raises EngineDeadError when the core died; other errors a dead
+            # engine causes (closed sockets mid-teardown) mean the same thing.
+            if isinstance(exc, EngineDeadError) or self.dead:
+                raise EngineDead() from None
+            raise
         finally:
             if not finished:
                 await self.abort(request_id)
 
     async def abort(self, request_id: str) -> None:
-        """Stop a request in the engine (no-op when it already finished)."""
-        if self._llm is not None:
-            await self._llm.abort(request_id)
+        """Stop a request in the engine (no-op when it finished or the engine is dead)."""
+        llm = self._llm
+        if llm is None or self.dead:
+            return
+        try:
+            await llm.abort(request_id)
+        except Exception:
+            if not self.dead:  # a dead engine has nothing left to abort
+                raise
 
-    def shutdown(self) -> None:
-        """Stop the engine-core process and free its memory (blocking)."""
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Stop the engine-core process and free its memory (blocking).
+
+        Args:
+            timeout_s: how long vLLM waits for its processes before killing them
+                (None: vLLM's default).
+        """
         if self._llm is not None:
             llm, self._llm = self._llm, None
-            llm.shutdown()
+            llm.shutdown(timeout=timeout_s)

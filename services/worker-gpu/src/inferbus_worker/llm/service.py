@@ -16,6 +16,16 @@ answered RESOURCE_EXHAUSTED (reason ``llm-full``) at once instead of queueing
 without end. Each admitted request streams chunks (``Ib-Seq`` 0, 1, ...; the
 last with ``Ib-Final: 1``) to its reply subject. A message on
 ``ib.gencancel.<request id>``, or the request's deadline, aborts it in vLLM.
+
+A vLLM engine whose core process dies is noticed by the request that gets
+`EngineDead` or by the 0.25 s health poll, whichever comes first. Its
+`VersionServer` then recovers in place: every in-flight request ends with one
+final UNAVAILABLE chunk, new ones are refused with UNAVAILABLE, the version's
+state turns ``restarting: …`` (not ready: the gateway stops sending, /readyz
+answers 503), the dead engine is shut down and a new one with the same config
+started; then the state is ``ready`` again. After ``engine_restart_attempts``
+failed restarts in a row the worker calls its fatal hook: ``__main__`` drains
+and exits with status 1, for the supervisor to start a fresh process.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 
@@ -56,7 +67,13 @@ from inferbus_common.subjects import Subjects, name_from_token
 from inferbus_worker.artifacts import ArtifactCache
 from inferbus_worker.heartbeat import NATS_ERRORS, Heartbeat, VersionKey, wait_event
 from inferbus_worker.llm import metrics
-from inferbus_worker.llm.engine import EngineStats, LlmEngine, detect_device
+from inferbus_worker.llm.engine import (
+    ENGINE_DIED,
+    EngineDead,
+    EngineStats,
+    LlmEngine,
+    detect_device,
+)
 from inferbus_worker.llm.settings import LlmWorkerSettings
 
 log = logging.getLogger(__name__)
@@ -64,23 +81,52 @@ log = logging.getLogger(__name__)
 _NATS_ERRORS = NATS_ERRORS
 QUEUE_GROUP = "llm"
 FULL_REASON = "llm-full"
+RESTARTING = "restarting: the vLLM engine died"
+"""Version state (heartbeat, /readyz) while its engine is being restarted."""
+DEAD_GRACE_S = 2.0
+"""How long in-flight requests of a dead engine get to end by themselves (vLLM
+fails them at once) before they are cancelled with an UNAVAILABLE chunk."""
+
+
+def _describe(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, InferbusError) else f"{type(exc).__name__}: {exc}"
 
 
 class VersionServer:
-    """Serves one loaded version: admission, streaming, cancellation.
+    """Serves one loaded version: admission, streaming, cancellation, engine recovery.
 
     Args:
         nc: NATS connection.
         subjects: naming scheme.
         dv: the deployed version.
         engine: its started engine.
+        settings: restart attempts, waits and shutdown limit.
+        on_state: called with the version's new state (``restarting: …``,
+            ``ready``, ``failed: …``) when the engine dies and recovers.
+        on_fatal: called with the reason once restarts failed
+            ``engine_restart_attempts`` times in a row.
     """
 
-    def __init__(self, nc: Client, subjects: Subjects, dv: DeployedVersion, engine: LlmEngine):
+    def __init__(
+        self,
+        nc: Client,
+        subjects: Subjects,
+        dv: DeployedVersion,
+        engine: LlmEngine,
+        settings: LlmWorkerSettings,
+        on_state: Callable[[str], None] | None = None,
+        on_fatal: Callable[[str], None] | None = None,
+    ) -> None:
         self._nc = nc
         self._subjects = subjects
         self.dv = dv
         self.engine = engine
+        self._settings = settings
+        self._on_state = on_state or (lambda _state: None)
+        self._on_fatal = on_fatal or (lambda _reason: None)
+        self.down = ""
+        """Why the engine is not serving ('' while it serves); new requests get it."""
+        self._recovery: asyncio.Task[None] | None = None
         gen = dv.config.generation or GenerationConfig()
         self.bound = gen.max_num_seqs + gen.max_waiting
         self._timeout_s = gen.default_timeout_ms / 1000.0
@@ -108,9 +154,15 @@ class VersionServer:
         """Stop intake, let in-flight requests finish for `timeout_s`, abort the rest.
 
         Aborted requests get a final UNAVAILABLE chunk, so their clients learn at
-        once (and may retry elsewhere) instead of waiting for their deadline.
+        once (and may retry elsewhere) instead of waiting for their deadline. A
+        recovery under way is cancelled (an engine it is starting in a thread is
+        left to the process's exit, as for a cancelled load).
         """
         self._stopping = True
+        if self._recovery is not None:
+            self._recovery.cancel()
+            await asyncio.gather(self._recovery, return_exceptions=True)
+            self._recovery = None
         if self._sub is not None:
             with contextlib.suppress(*_NATS_ERRORS):
                 await self._sub.unsubscribe()
@@ -121,7 +173,8 @@ class VersionServer:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        await asyncio.to_thread(self.engine.shutdown)
+        await self._shutdown(self.engine)
+        self._zero_gauges()
 
     def cancel(self, request_id: str, why: str) -> bool:
         """Abort a request this server holds (its task's cancellation aborts the engine)."""
@@ -131,6 +184,139 @@ class VersionServer:
         metrics.ABORTED.labels(*self._labels, why).inc()
         task.cancel()
         return True
+
+    # --- engine recovery -----------------------------------------------------------
+    def check_engine(self) -> None:
+        """Start recovering if vLLM reports the engine errored (the health poll)."""
+        if not self.down and self.engine.dead:
+            self.engine_died("vLLM reports the engine errored")
+
+    def engine_died(self, why: str) -> None:
+        """Turn not ready and recover in the background (once; later calls are no-ops)."""
+        if self.down or self._stopping:
+            return
+        self.down = f"{ENGINE_DIED} (the worker is restarting it)"
+        self._on_state(RESTARTING)
+        self._recovery = asyncio.create_task(
+            self._recover(why), name=f"recover-{self.dv.model}/{self.dv.version}"
+        )
+
+    async def _recover(self, why: str) -> None:
+        """`_restart`; an unexpected error in it is fatal (the process restarts)."""
+        try:
+            await self._restart(why)
+        except Exception as exc:
+            log.exception(
+                "recovering the vLLM engine failed",
+                extra={"model": self.dv.model, "version": self.dv.version},
+            )
+            self.down = f"recovering the dead vLLM engine failed ({_describe(exc)})"
+            self._on_state(f"failed: {self.down}")
+            self._on_fatal(self.down)
+
+    async def _restart(self, why: str) -> None:
+        """Fail in-flight requests, shut the dead engine down, start a new one."""
+        extra = {"model": self.dv.model, "version": self.dv.version}
+        attempts = self._settings.engine_restart_attempts
+        log.error(
+            "the vLLM engine died (%s): failing %d in-flight requests with UNAVAILABLE "
+            "and restarting it",
+            why,
+            self.in_flight,
+            extra=extra,
+        )
+        t0 = time.monotonic()
+        await self._fail_in_flight()
+        self._zero_gauges()
+        await self._shutdown(self.engine)
+        failures = 0
+        while True:
+            engine = self.engine.fresh()
+            try:
+                await asyncio.to_thread(engine.start)
+            except Exception as exc:
+                failures += 1
+                metrics.ENGINE_RESTARTS.labels(*self._labels, "failed").inc()
+                reason = _describe(exc)
+                log.exception("restarting the vLLM engine failed", extra=extra)
+                await self._shutdown(engine)
+                if failures >= attempts:
+                    self.down = (
+                        f"the vLLM engine died and {failures} restarts in a row failed "
+                        f"(last: {reason})"
+                    )
+                    log.critical(
+                        "%s; giving up: the worker exits for its supervisor to restart it",
+                        self.down,
+                        extra=extra,
+                    )
+                    self._on_state(f"failed: {self.down}")
+                    self._on_fatal(self.down)
+                    return
+                log.error(
+                    "restart %d of %d of the vLLM engine failed (%s); next try in %.1f s",
+                    failures,
+                    attempts,
+                    reason,
+                    self._settings.load_retry_s,
+                    extra=extra,
+                )
+                self._on_state(f"{RESTARTING}; restart {failures} of {attempts} failed: {reason}")
+                await asyncio.sleep(self._settings.load_retry_s)
+                continue
+            break
+        self.engine = engine
+        self.down = ""
+        self._recovery = None
+        metrics.ENGINE_RESTARTS.labels(*self._labels, "ok").inc()
+        self._on_state("ready")
+        log.warning(
+            "vLLM engine restarted (%d failed attempts before); serving again",
+            failures,
+            extra={**extra, "latency_ms": round((time.monotonic() - t0) * 1000, 1)},
+        )
+
+    async def _fail_in_flight(self) -> None:
+        """Let requests end by themselves (vLLM fails them), then cancel the rest.
+
+        Either way each one ends with exactly one final UNAVAILABLE chunk.
+        """
+        tasks = list(self._tasks.values())
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=DEAD_GRACE_S)
+        for task in pending:
+            metrics.ABORTED.labels(*self._labels, "engine-dead").inc()
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _shutdown(self, engine: LlmEngine) -> None:
+        """Stop an engine within ``engine_shutdown_timeout_s`` (plus a margin for vLLM)."""
+        limit = self._settings.engine_shutdown_timeout_s
+        try:
+            async with asyncio.timeout(limit + 5.0):
+                await asyncio.to_thread(engine.shutdown, limit)
+        except TimeoutError:
+            log.error(
+                "the vLLM engine did not shut down within %.0f s; going on without it",
+                limit,
+                extra={"model": self.dv.model, "version": self.dv.version},
+            )
+        except Exception:
+            log.exception(
+                "shutting the vLLM engine down failed",
+                extra={"model": self.dv.model, "version": self.dv.version},
+            )
+
+    def _zero_gauges(self) -> None:
+        """A stopped or dead engine holds nothing: its engine-side gauges read 0."""
+        for gauge in (
+            metrics.ENGINE_UNFINISHED,
+            metrics.RUNNING_SEQS,
+            metrics.WAITING_SEQS,
+            metrics.KV_CACHE_USAGE,
+        ):
+            gauge.labels(*self._labels).set(0)
 
     async def _publish(
         self, reply: str, seq: int, body: bytes, extra: dict[str, str], final: bool, rid: str
@@ -150,6 +336,10 @@ class VersionServer:
         try:
             if rid in self._tasks:
                 raise FailedPrecondition(f"request id {rid!r} is already being generated")
+            if self.down:
+                raise EngineDead(
+                    f"model '{self.dv.model}' version '{self.dv.version}': {self.down}"
+                )
             if self.in_flight >= self.bound:
                 metrics.REJECTED.labels(*self._labels).inc()
                 raise ResourceExhausted(
@@ -238,19 +428,27 @@ class VersionServer:
             with contextlib.suppress(*_NATS_ERRORS):
                 await self._publish(reply, seq, b"", error_headers(exc, rid), True, rid)
         except asyncio.CancelledError:
-            # A cancel from the gateway (client gone: nobody waits for a final chunk)
-            # or shutdown; either way `LlmEngine.generate` aborted the engine request.
+            # A cancel from the gateway (client gone: nobody waits for a final chunk),
+            # shutdown, or a dead engine's recovery; `LlmEngine.generate` aborted the
+            # engine request (a dead engine has none left).
             status = "ABORTED"
-            if self._stopping:
+            failure: Unavailable | None = None
+            if self.down:
+                status = "UNAVAILABLE"
+                failure = EngineDead()
+            elif self._stopping:
                 metrics.ABORTED.labels(*self._labels, "shutdown").inc()
-                exc = Unavailable(f"the LLM worker stopped while generating {rid}; retry")
+                failure = Unavailable(f"the LLM worker stopped while generating {rid}; retry")
+            if failure is not None:
                 with contextlib.suppress(*_NATS_ERRORS):
-                    await self._publish(reply, seq, b"", error_headers(exc, rid), True, rid)
+                    await self._publish(reply, seq, b"", error_headers(failure, rid), True, rid)
             raise
         except Exception as exc:
             code, _ = status_of(exc)
             status = code.name
-            if not isinstance(exc, InferbusError):
+            if isinstance(exc, EngineDead):
+                self.engine_died(f"request {rid} found it dead")
+            elif not isinstance(exc, InferbusError):
                 log.exception("generation failed", extra={"request_id": rid})
             with contextlib.suppress(*_NATS_ERRORS):
                 await self._publish(reply, seq, b"", error_headers(exc, rid), True, rid)
@@ -263,10 +461,17 @@ class LlmWorker:
 
     Args:
         settings: built once in `main`.
+        on_fatal: called once with the reason when the worker cannot go on (a dead
+            engine that could not be restarted); ``__main__`` then drains and exits 1.
     """
 
-    def __init__(self, settings: LlmWorkerSettings) -> None:
+    def __init__(
+        self, settings: LlmWorkerSettings, on_fatal: Callable[[str], None] | None = None
+    ) -> None:
         self.settings = settings
+        self._on_fatal = on_fatal
+        self.fatal = ""
+        """Why the worker gave up ('' while it serves)."""
         self.instance_id = settings.instance_id or default_instance_id("llm-worker")
         self.subjects = Subjects(settings.subject_prefix)
         self.device = detect_device(settings.device)
@@ -372,6 +577,11 @@ class LlmWorker:
             return False, "not connected to NATS"
         if self.heartbeat.admission:
             return False, self.heartbeat.admission
+        if self.fatal:
+            return False, self.fatal
+        down = [f"{m}/{v}: {s.down}" for (m, v), s in sorted(self.servers.items()) if s.down]
+        if down:
+            return False, "; ".join(down)
         if not self.states:
             return True, f"no generative version is placed on pool '{self.settings.pool}'"
         return True, "; ".join(f"{m}/{v}: {s}" for (m, v), s in sorted(self.states.items()))
@@ -392,10 +602,20 @@ class LlmWorker:
         """This worker's heartbeat record (host spec and admission included)."""
         return self.heartbeat.status()
 
+    def _give_up(self, reason: str) -> None:
+        if self.fatal:
+            return
+        self.fatal = reason
+        if self._on_fatal is not None:
+            self._on_fatal(reason)
+
     async def _gauge_loop(self) -> None:
-        """Engine-side numbers that only exist by asking the engine."""
+        """Engine-side numbers that only exist by asking the engine; its health too."""
         while not self._closed:
             for (model, version), server in list(self.servers.items()):
+                server.check_engine()
+                if server.down:
+                    continue
                 try:
                     unfinished = server.engine.unfinished()
                 except Exception as exc:  # a gauge must not stop the loop
@@ -451,6 +671,15 @@ class LlmWorker:
             log.info("unloading", extra={"model": key[0], "version": key[1]})
             await server.stop(self.settings.drain_timeout_s)
             self._set_state(key, None)
+            for gauge in (
+                metrics.ENGINE_UNFINISHED,
+                metrics.RUNNING_SEQS,
+                metrics.WAITING_SEQS,
+                metrics.KV_CACHE_USAGE,
+                metrics.IN_FLIGHT,
+            ):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*key)
 
     def _check_signature(self, dv: DeployedVersion) -> None:
         if not self._trusted_keys:
@@ -487,7 +716,15 @@ class LlmWorker:
 
             engine = LlmEngine(dv.config, self._model_dir(directory, dv), self.device, on_stats)
             await asyncio.to_thread(engine.start)
-            server = VersionServer(self._nc, self.subjects, dv, engine)
+            server = VersionServer(
+                self._nc,
+                self.subjects,
+                dv,
+                engine,
+                self.settings,
+                on_state=lambda state: self._set_state(key, state),
+                on_fatal=self._give_up,
+            )
             await server.start()
         except BaseException as exc:
             if engine is not None:

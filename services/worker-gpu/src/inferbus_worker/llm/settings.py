@@ -39,3 +39,10 @@ class LlmWorkerSettings(ServiceSettings):
     """Wait before retrying a version whose load failed."""
     registry_timeout_s: float = Field(default=300.0, gt=0)
     """Limit for downloading one artifact file."""
+    engine_restart_attempts: int = Field(default=3, ge=1)
+    """Restarts of a dead vLLM engine that may fail in a row before the worker exits
+    with status 1 (its supervisor, a compose restart policy or Kubernetes, then
+    starts a fresh process). The wait between attempts is ``load_retry_s``."""
+    engine_shutdown_timeout_s: float = Field(default=10.0, gt=0)
+    """Limit for stopping an engine (a dead one before its restart, or any at drain);
+    vLLM kills its processes when they outlast it."""

@@ -1,0 +1,285 @@
+"""A version server recovers from a dead vLLM engine (real nats-server).
+
+vLLM is not installed in the workspace environment, so `ScriptedEngine` (an
+`LlmEngine` whose start, death and steps the test drives) stands in for it; the
+bus is real. The same recovery against a real vLLM engine whose core process is
+SIGKILLed is tested in tests/e2e/test_e2e_llm.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from prometheus_client import REGISTRY
+
+from inferbus_common import headers as h
+from inferbus_common.catalog import DeployedVersion
+from inferbus_common.generation import GenerationChunk, GenerationRequest
+from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.subjects import Subjects
+from inferbus_worker.llm.engine import EngineDead, LlmEngine, Step
+from inferbus_worker.llm.service import DEAD_GRACE_S, RESTARTING, VersionServer
+from inferbus_worker.llm.settings import LlmWorkerSettings
+
+_models = itertools.count()
+
+
+@dataclass
+class Script:
+    """What every `ScriptedEngine` made from one original does (shared by its copies)."""
+
+    failing_starts: int = 0
+    """Starts that raise before one succeeds."""
+    hang_when_dead: bool = False
+    """A dead engine's requests hang instead of raising (vLLM raises at once)."""
+    start_gate: threading.Event = field(default_factory=threading.Event)
+    """A start waits for it (set by default: starts do not wait)."""
+    starts: int = 0
+    shutdowns: int = 0
+
+    def __post_init__(self) -> None:
+        self.start_gate.set()
+
+
+class ScriptedEngine(LlmEngine):
+    """An `LlmEngine` without vLLM: one token per 10 ms until `kill`."""
+
+    script: Script
+
+    def fresh(self) -> ScriptedEngine:
+        copy = ScriptedEngine(self.config, self.model_dir, self.device)
+        copy.script = self.script
+        return copy
+
+    def start(self) -> None:
+        self.script.starts += 1
+        self.script.start_gate.wait(10)
+        if self.script.failing_starts:
+            self.script.failing_starts -= 1
+            raise RuntimeError("CUDA out of memory")
+        self._killed = asyncio.Event()
+        self._llm = self  # started
+
+    def kill(self) -> None:
+        """What SIGKILL of vLLM's engine-core process does to the engine."""
+        self._killed.set()
+
+    @property
+    def dead(self) -> bool:
+        return self._llm is not None and self._killed.is_set()
+
+    def render(self, request: GenerationRequest) -> list[int]:
+        return [1, 2, 3]
+
+    async def generate(
+        self, request_id: str, request: GenerationRequest, prompt_ids: list[int]
+    ) -> AsyncIterator[Step]:
+        if self.dead:
+            raise EngineDead()
+        for i in range(request.max_tokens or 3):
+            try:
+                async with asyncio.timeout(0.01):
+                    await self._killed.wait()
+            except TimeoutError:
+                last = i + 1 == (request.max_tokens or 3)
+                yield Step("x", 1, "length" if last else None, len(prompt_ids))
+                continue
+            if self.script.hang_when_dead:
+                await asyncio.Event().wait()
+            raise EngineDead()
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        if self._llm is not None:
+            self._llm = None
+            self.script.shutdowns += 1
+
+
+def _config() -> ModelConfig:
+    return ModelConfig.model_validate(
+        {
+            "name": "tiny",
+            "platform": "vllm",
+            "file": "hf/config.json",
+            "max_batch_size": 0,
+            "inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1]}],
+            "outputs": [{"name": "text", "datatype": "BYTES", "shape": [1]}],
+            "engine": {"kind": "vllm"},
+            "generation": {"max_num_seqs": 2, "max_waiting": 2},
+        }
+    )
+
+
+@dataclass
+class Rig:
+    """A started server, its engine, and what its hooks were told."""
+
+    nc: Client
+    subjects: Subjects
+    server: VersionServer
+    engine: ScriptedEngine
+    states: list[str]
+    fatal: list[str]
+
+    @property
+    def model(self) -> str:
+        return self.server.dv.model
+
+
+async def _rig(nats_url: str, tmp_path: Path, script: Script, attempts: int = 3) -> Rig:
+    nc = await nats.connect(nats_url)
+    subjects = Subjects(f"rc{next(_models)}")
+    dv = DeployedVersion(model=f"m{next(_models)}", version="1", config=_config())
+    engine = ScriptedEngine(dv.config, tmp_path, "cpu")
+    engine.script = script
+    engine.start()
+    settings = LlmWorkerSettings(
+        nats_url=nats_url,
+        cache_dir=tmp_path,
+        device="cpu",
+        load_retry_s=0.05,
+        engine_restart_attempts=attempts,
+        engine_shutdown_timeout_s=1.0,
+    )
+    states: list[str] = []
+    fatal: list[str] = []
+    server = VersionServer(nc, subjects, dv, engine, settings, states.append, fatal.append)
+    await server.start()
+    return Rig(nc, subjects, server, engine, states, fatal)
+
+
+class Call:
+    """One generation request over the bus; collects its chunks."""
+
+    def __init__(self, rig: Rig, rid: str, max_tokens: int = 3) -> None:
+        self.rig = rig
+        self.rid = rid
+        self.max_tokens = max_tokens
+        self.msgs: list[Msg] = []
+        self.final = asyncio.Event()
+
+    async def send(self) -> Call:
+        inbox = self.rig.nc.new_inbox()
+
+        async def on_chunk(msg: Msg) -> None:
+            self.msgs.append(msg)
+            if (msg.headers or {}).get(h.FINAL) == "1":
+                self.final.set()
+
+        await self.rig.nc.subscribe(inbox, cb=on_chunk)
+        body = GenerationRequest(kind="completion", prompt="p", max_tokens=self.max_tokens)
+        await self.rig.nc.publish(
+            self.rig.subjects.gen(self.rig.model, "1"),
+            body.encode(),
+            headers={h.REPLY: inbox, h.REQUEST_ID: self.rid},
+        )
+        await self.rig.nc.flush()
+        return self
+
+    @property
+    def finals(self) -> list[dict[str, str]]:
+        return [m.headers or {} for m in self.msgs if (m.headers or {}).get(h.FINAL) == "1"]
+
+    async def wait_final(self, timeout: float = 5.0) -> dict[str, str]:
+        async with asyncio.timeout(timeout):
+            await self.final.wait()
+        await asyncio.sleep(0.1)  # a second final chunk would arrive by now
+        assert len(self.finals) == 1, self.finals
+        return self.finals[0]
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_dead_engine_fails_in_flight_once_refuses_then_serves_again(
+    nats_url: str, tmp_path: Path
+) -> None:
+    script = Script()
+    rig = await _rig(nats_url, tmp_path, script)
+    try:
+        labels = {"model": rig.model, "version": "1"}
+        long = await Call(rig, "long", max_tokens=1000).send()
+        await wait_until(lambda: len(long.msgs) >= 2)
+
+        script.start_gate.clear()  # hold the restart: the server must refuse meanwhile
+        rig.engine.kill()
+        final = await long.wait_final()
+        assert final[h.STATUS] == "UNAVAILABLE"
+        assert "the vLLM engine died; retry" in final[h.ERROR]
+        await wait_until(lambda: rig.states == [RESTARTING])
+        assert rig.server.down
+
+        t0 = time.monotonic()
+        refused = await (await Call(rig, "during").send()).wait_final()
+        assert time.monotonic() - t0 < 2.0, "refused at once, not after the restart"
+        assert refused[h.STATUS] == "UNAVAILABLE"
+        assert "the vLLM engine died; retry" in refused[h.ERROR]
+
+        script.start_gate.set()
+        await wait_until(lambda: rig.states == [RESTARTING, "ready"])
+        assert not rig.server.down and not rig.fatal
+        assert rig.server.engine is not rig.engine and script.shutdowns == 1
+        assert _sample("inferbus_llm_engine_restarts_total", **labels, result="ok") == 1
+        assert _sample("inferbus_llm_requests_total", **labels, status="UNAVAILABLE") == 2
+
+        served = await Call(rig, "after").send()
+        assert h.STATUS not in await served.wait_final()
+        last = GenerationChunk.decode(served.msgs[-1].data)
+        assert (last.finish_reason, last.completion_tokens) == ("length", 3)
+    finally:
+        await rig.server.stop(1.0)
+        await rig.nc.close()
+
+
+async def test_hung_requests_are_cancelled_and_failed_restarts_are_fatal(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """The health poll finds the engine dead while a request hangs in it; three
+    restarts fail in a row: the server gives up through its fatal hook."""
+    script = Script(hang_when_dead=True)
+    rig = await _rig(nats_url, tmp_path, script, attempts=3)
+    script.failing_starts = 3
+    try:
+        labels = {"model": rig.model, "version": "1"}
+        hung = await Call(rig, "hung", max_tokens=1000).send()
+        await wait_until(lambda: len(hung.msgs) >= 2)
+        rig.engine.kill()
+        rig.server.check_engine()  # what the worker's 0.25 s poll does
+        rig.server.check_engine()  # twice: still one recovery
+        final = await hung.wait_final(timeout=DEAD_GRACE_S + 3)
+        assert final[h.STATUS] == "UNAVAILABLE"
+        assert "the vLLM engine died; retry" in final[h.ERROR]
+        assert _sample("inferbus_llm_aborted_total", **labels, why="engine-dead") == 1
+
+        await wait_until(lambda: bool(rig.fatal))
+        assert script.starts == 1 + 3
+        assert len(rig.fatal) == 1 and "3 restarts in a row failed" in rig.fatal[0]
+        assert "CUDA out of memory" in rig.fatal[0]
+        assert rig.states[0] == RESTARTING
+        assert rig.states[1].startswith(f"{RESTARTING}; restart 1 of 3 failed")
+        assert rig.states[-1] == f"failed: {rig.fatal[0]}"
+        assert _sample("inferbus_llm_engine_restarts_total", **labels, result="failed") == 3
+        assert _sample("inferbus_llm_engine_restarts_total", **labels, result="ok") == 0
+
+        refused = await (await Call(rig, "later").send()).wait_final()
+        assert refused[h.STATUS] == "UNAVAILABLE"
+        assert "3 restarts in a row failed" in refused[h.ERROR]
+    finally:
+        await rig.server.stop(1.0)
+        await rig.nc.close()
