@@ -23,7 +23,7 @@ from prometheus_client import REGISTRY
 
 from inferbus_common import headers as h
 from inferbus_common.audit import encode_record
-from inferbus_common.catalog import Catalog, Route, ensure_kv
+from inferbus_common.catalog import Catalog, Route, WorkerStatus, ensure_kv
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_common.wire import decode_tensors, encode_tensors
@@ -311,6 +311,23 @@ async def test_shadow_copies_are_compared_and_never_reach_the_client(
         assert all(m.headers.get(h.STATUS) is None for m in client_replies)
 
 
+def _audit(model: str, version: str, status: str, request_id: str) -> bytes:
+    return encode_record(
+        request_id=request_id,
+        ts_unix_ms=0,
+        gateway="g",
+        protocol="grpc",
+        tenant="",
+        model=model,
+        version=version,
+        digest="",
+        status=status,
+        reason="",
+        latency_ms=2.0,
+        stages_ms={},
+    )
+
+
 async def test_unhealthy_canary_gets_less_traffic(nats_server, nats_client) -> None:
     model = "healthy"
     route = Route(model=model, stable="1", versions=["1", "2"], canary="2", canary_weight=50.0)
@@ -318,24 +335,17 @@ async def test_unhealthy_canary_gets_less_traffic(nats_server, nats_client) -> N
     health = HealthWeights(HealthPolicy(window_s=60, min_samples=20, floor=0.1, decrease=0.5))
     async with running_router(nats_server.url, "r-health", health=health) as (_, catalog, _):
         await wait_route(catalog, route)
+        # Until the router sees audit records (nats-server can miss messages sent just
+        # after another connection's SUB): OK records of stable, harmless to the verdict.
+        deadline = time.monotonic() + 10
+        while health.stats(model, "1")[0] == 0:
+            assert time.monotonic() < deadline, "the router receives no audit records"
+            await nats_client.publish(SUBJECTS.audit(model), _audit(model, "1", "OK", "probe"))
+            await asyncio.sleep(0.02)
         for i in range(200):
             for version, status in (("1", "OK"), ("2", "INTERNAL" if i % 2 else "OK")):
                 await nats_client.publish(
-                    SUBJECTS.audit(model),
-                    encode_record(
-                        request_id=f"a{i}",
-                        ts_unix_ms=0,
-                        gateway="g",
-                        protocol="grpc",
-                        tenant="",
-                        model=model,
-                        version=version,
-                        digest="",
-                        status=status,
-                        reason="",
-                        latency_ms=2.0,
-                        stages_ms={},
-                    ),
+                    SUBJECTS.audit(model), _audit(model, version, status, f"a{i}")
                 )
         await nats_client.flush()
         await wait_until(lambda: health.factor(model, "2") == 0.1, timeout=20)
@@ -425,3 +435,57 @@ async def test_generate_requests_go_to_the_gen_subject_by_the_same_rules(
     assert got[0].subject == SUBJECTS.gen("llm", "2")
     assert h.MIRROR not in got[0].headers
     assert infer.pending_msgs == 0
+
+
+async def test_generate_request_nobody_takes_is_answered_429_or_503(
+    nats_server, nats_client
+) -> None:
+    """LLM workers leave their queue group while full: with no subscriber the router
+    answers at once, 429 when the version's workers report ready (all full), else 503."""
+    route = Route(model="llm-full", stable="1", versions=["1"])
+    js = nats_client.jetstream()
+    await put_route(js, route)
+    workers = await ensure_kv(js, SUBJECTS.workers_bucket)
+    answers: asyncio.Queue[Msg] = asyncio.Queue()
+    inbox = nats_client.new_inbox()
+    await nats_client.subscribe(inbox, cb=answers.put)
+    await nats_client.flush()
+
+    async def ask(rid: str) -> dict[str, str]:
+        await nats_client.publish(
+            SUBJECTS.route("llm-full"),
+            b"{}",
+            headers={
+                h.MODEL: "llm-full",
+                h.KIND: h.KIND_GENERATE,
+                h.REQUEST_ID: rid,
+                h.REPLY: inbox,
+            },
+        )
+        msg = await asyncio.wait_for(answers.get(), 10)
+        return msg.headers or {}
+
+    async with running_router(nats_server.url, "r-gen-full") as (_, catalog, _comparer):
+        await wait_route(catalog, route)
+        # No worker at all: 503, and the message names the state.
+        got = await ask("none")
+        assert got[h.STATUS] == "UNAVAILABLE", got
+        assert "no worker is taking generation requests" in got[h.ERROR]
+        assert "no worker" in got[h.ERROR]
+
+        status = WorkerStatus(
+            worker_id="w1",
+            pool="default",
+            models={"llm-full/1": "ready"},
+            ts_ms=int(time.time() * 1000),
+        )
+        await workers.put("w1", status.model_dump_json().encode())
+        assert await catalog.wait_for(lambda: bool(catalog.ready_workers("llm-full", "1")), 10)
+        # A ready worker that is not subscribed: it is full. 429, at once.
+        t0 = time.monotonic()
+        got = await ask("full")
+        print(f"429 after {(time.monotonic() - t0) * 1000:.1f} ms")
+        assert got[h.STATUS] == "RESOURCE_EXHAUSTED", got
+        assert got[h.REASON] == "llm-full"
+        assert "all 1 worker(s) serving it" in got[h.ERROR]
+        assert answers.empty()

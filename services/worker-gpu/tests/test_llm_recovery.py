@@ -283,3 +283,128 @@ async def test_hung_requests_are_cancelled_and_failed_restarts_are_fatal(
     finally:
         await rig.server.stop(1.0)
         await rig.nc.close()
+
+
+# --- admission across workers ---------------------------------------------------------
+async def _twin(rig: Rig, nats_url: str, tmp_path: Path) -> VersionServer:
+    """A second worker's server for the same version (own connection, own engine)."""
+    nc = await nats.connect(nats_url)
+    engine = ScriptedEngine(rig.server.dv.config, tmp_path, "cpu")
+    engine.script = Script()
+    engine.start()
+    settings = LlmWorkerSettings(nats_url=nats_url, cache_dir=tmp_path, device="cpu")
+    server = VersionServer(nc, rig.subjects, rig.server.dv, engine, settings)
+    await server.start()
+    return server
+
+
+class Routed(Call):
+    """A request sent as the router sends it: from another connection, with a NATS
+    reply subject on which that connection gets nats-server's "no responders"."""
+
+    def __init__(self, rig: Rig, client: Client, rid: str) -> None:
+        super().__init__(rig, rid, max_tokens=1000)
+        self.client = client
+
+    async def send(self) -> Routed:
+        inbox = self.client.new_inbox()
+
+        async def on_chunk(msg: Msg) -> None:
+            self.msgs.append(msg)
+            if (msg.headers or {}).get(h.FINAL) == "1":
+                self.final.set()
+
+        await self.client.subscribe(inbox, cb=on_chunk)
+        body = GenerationRequest(kind="completion", prompt="p", max_tokens=self.max_tokens)
+        await self.client.publish(
+            self.rig.subjects.gen(self.rig.model, "1"),
+            body.encode(),
+            reply=f"nr.{self.rid}",
+            headers={h.REPLY: inbox, h.REQUEST_ID: self.rid},
+        )
+        return self
+
+
+async def _router_connection(nats_url: str) -> tuple[Client, asyncio.Queue[Msg]]:
+    """The router's side: a connection and the "no responders" it receives."""
+    client = await nats.connect(nats_url)
+    no_responders: asyncio.Queue[Msg] = asyncio.Queue()
+    await client.subscribe("nr.>", cb=no_responders.put)
+    await client.flush()
+    return client, no_responders
+
+
+async def test_full_workers_leave_the_queue_group_so_none_refuses_while_another_has_room(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """Two workers, bound 4 each: 8 requests in a burst are all admitted (a plain
+    queue group splits 8 requests 4/4 only 70 times in 256; other splits refused
+    some); the 9th finds nobody subscribed ("no responders", which the router turns
+    into 429); a slot that frees takes the next request."""
+    rig = await _rig(nats_url, tmp_path, Script())
+    twin = await _twin(rig, nats_url, tmp_path)
+    servers = [rig.server, twin]
+    client, no_responders = await _router_connection(nats_url)
+    try:
+        labels = {"model": rig.model, "version": "1"}
+        calls = [await Routed(rig, client, f"r{i}").send() for i in range(8)]
+        await client.flush()
+        await wait_until(lambda: all(len(c.msgs) >= 1 for c in calls))
+        assert not any(c.finals for c in calls), [c.finals for c in calls]
+        assert [s.in_flight for s in servers] == [4, 4]
+        await wait_until(lambda: not any(s.taking_requests for s in servers))
+        assert _sample("inferbus_llm_rejected_total", **labels) == 0
+        assert no_responders.empty()
+
+        extra = await Routed(rig, client, "extra").send()
+        refused = await asyncio.wait_for(no_responders.get(), 5)
+        assert refused.subject == "nr.extra"
+        assert (refused.headers or {}).get("Status") == "503"
+        await asyncio.sleep(0.1)
+        assert not extra.msgs, "nobody took it"
+
+        assert twin.cancel("r0", "cancelled") or rig.server.cancel("r0", "cancelled")
+        await wait_until(lambda: any(s.taking_requests for s in servers))
+        later = await Routed(rig, client, "later").send()
+        await wait_until(lambda: len(later.msgs) >= 1)
+        assert not later.finals and no_responders.empty()
+        assert sorted(s.in_flight for s in servers) == [4, 4]
+    finally:
+        await asyncio.gather(rig.server.stop(1.0), twin.stop(1.0))
+        await asyncio.gather(rig.nc.close(), twin._nc.close(), client.close())
+
+
+async def test_a_burst_beyond_the_bound_is_refused_once_each_at_once(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """One worker, bound 4, 6 requests at once: 4 run; each of the other 2 gets
+    exactly one refusal at once: "no responders" to the router when it arrived
+    after the worker withdrew, else (it was handed on and nobody had room) a
+    RESOURCE_EXHAUSTED ``llm-full`` from the worker."""
+    rig = await _rig(nats_url, tmp_path, Script())
+    client, no_responders = await _router_connection(nats_url)
+    try:
+        labels = {"model": rig.model, "version": "1"}
+        calls = [await Routed(rig, client, f"b{i}").send() for i in range(6)]
+        await client.flush()
+        await wait_until(lambda: sum(1 for c in calls if c.msgs) + no_responders.qsize() == 6)
+        await asyncio.sleep(0.2)  # a second answer to anyone would be in by now
+        running = [c for c in calls if c.msgs and not c.finals]
+        refused = [c for c in calls if c.finals]
+        assert len(running) == 4 and rig.server.in_flight == 4
+        assert not rig.server.taking_requests
+        for call in refused:
+            assert len(call.msgs) == 1
+            assert call.finals[0][h.STATUS] == "RESOURCE_EXHAUSTED"
+            assert call.finals[0][h.REASON] == "llm-full"
+            assert "every worker serving it holds as many requests" in call.finals[0][h.ERROR]
+        unanswered = {c.rid for c in calls if not c.msgs}
+        nr = {no_responders.get_nowait().subject for _ in range(no_responders.qsize())}
+        assert nr == {f"nr.{rid}" for rid in unanswered}
+        assert len(refused) + len(nr) == 2
+        handed = _sample("inferbus_llm_handed_off_total", **labels)
+        assert _sample("inferbus_llm_rejected_total", **labels) == len(refused) <= handed
+        print(f"refused by the worker after a hand-off: {len(refused)}, no responders: {len(nr)}")
+    finally:
+        await rig.server.stop(1.0)
+        await asyncio.gather(rig.nc.close(), client.close())

@@ -29,6 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from inferbus_common.errors import InvalidArgument
 
+LLM_FULL_REASON = "llm-full"
+"""`ResourceExhausted.reason` when every worker of a generative version holds as many
+requests as it admits (``max_num_seqs + max_waiting``)."""
+
 
 class ChatMessage(BaseModel):
     """One chat turn (OpenAI's message shape; only text content)."""

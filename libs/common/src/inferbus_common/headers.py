@@ -52,6 +52,9 @@ SEQ = "Ib-Seq"
 """On streamed replies: 0-based sequence number of the chunk."""
 FINAL = "Ib-Final"
 """On streamed replies: ``1`` on the last chunk of a stream (nothing follows it)."""
+HANDOFF = "Ib-Handoff"
+"""On generative requests: how many times full LLM workers published the request
+back to its subject for a worker with room (bounded, see the LLM worker)."""
 MIRROR = "Ib-Mirror"
 """Subject a worker also publishes its reply to (after the client's), set by the
 router on the primary copy of a shadowed request so it can compare the two."""

@@ -133,6 +133,9 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
             f"$JS.ACK.{batches}.>",
         ]
         sub += [f"{p}.events.>", f"{p}.loadhint.>", f"{p}.gen.>", f"{p}.gencancel.>"]
+        if role == "llm":
+            # A full LLM worker hands requests that reached it on to the subject.
+            pub.append(f"{p}.gen.>")
     elif role == "registry":
         pub += [
             f"{p}.events.>",

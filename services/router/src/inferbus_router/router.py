@@ -26,9 +26,10 @@ from prometheus_client import Counter, Gauge, Histogram
 from inferbus_common import headers as h
 from inferbus_common import tracing
 from inferbus_common.catalog import Catalog, Route
-from inferbus_common.errors import InferbusError, Unavailable, status_of
+from inferbus_common.errors import InferbusError, ResourceExhausted, Unavailable, status_of
+from inferbus_common.generation import LLM_FULL_REASON
 from inferbus_common.replies import send_error
-from inferbus_common.subjects import Subjects, name_from_token
+from inferbus_common.subjects import Subjects, name_from_token, subject_token
 from inferbus_router.health import HealthWeights
 from inferbus_router.routing import decide, wants_shadow
 from inferbus_router.shadow import ShadowComparer
@@ -97,8 +98,13 @@ class Router:
         self._audit_sub: Subscription | None = None
         # Where nats-server's "no responders" comes back when no batcher is
         # subscribed to a version's subject (see `_on_no_responders`).
-        self._nr_inbox = subjects.reply_inbox(f"router-{uuid.uuid4().hex[:12]}")
+        instance = f"router-{uuid.uuid4().hex[:12]}"
+        self._nr_inbox = subjects.reply_inbox(instance)
         self._nr_sub: Subscription | None = None
+        # The same for generative requests: ``<inbox>.<model>.<version>.<client reply>``
+        # (subject tokens), so the answer can tell "all workers full" from "none".
+        self._nr_gen_inbox = subjects.reply_inbox(f"{instance}-gen")
+        self._nr_gen_sub: Subscription | None = None
         self._revisions: dict[str, int] = {}
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -122,6 +128,9 @@ class Router:
             self._health.evaluate(self._catalog.routes)
             self._tasks.append(asyncio.create_task(self._health_loop(), name="router-health"))
         self._nr_sub = await self._nc.subscribe(f"{self._nr_inbox}.>", cb=self._on_no_responders)
+        self._nr_gen_sub = await self._nc.subscribe(
+            f"{self._nr_gen_inbox}.>", cb=self._on_no_gen_responders
+        )
         self._sub = await self._nc.subscribe(
             self._subjects.route_all,
             queue=self._queue_group,
@@ -129,6 +138,9 @@ class Router:
             pending_msgs_limit=1_000_000,
             pending_bytes_limit=1 << 30,
         )
+        # A round trip: nats-server has every subscription above when start()
+        # returns (readiness, and audit records sent right after are not missed).
+        await self._nc.flush()
 
     async def drain(self) -> None:
         """Stop taking requests, finish forwarding those already received, stop
@@ -140,10 +152,11 @@ class Router:
             with contextlib.suppress(Exception):
                 await self._audit_sub.unsubscribe()
             self._audit_sub = None
-        if self._nr_sub is not None:
-            with contextlib.suppress(Exception):
-                await self._nr_sub.unsubscribe()
-            self._nr_sub = None
+        for nr_sub in (self._nr_sub, self._nr_gen_sub):
+            if nr_sub is not None:
+                with contextlib.suppress(Exception):
+                    await nr_sub.unsubscribe()
+        self._nr_sub = self._nr_gen_sub = None
         self._stop.set()
         for task in self._tasks:
             # The route follower may sit in a catalog wait: it need not finish it.
@@ -216,7 +229,16 @@ class Router:
         # Our inbox + the client's reply as NATS reply subject: the batcher answers
         # on the Ib-Reply header, but when none is subscribed nats-server sends
         # "no responders" there at once (only to a subscribed publisher).
-        nr_reply = f"{self._nr_inbox}.{reply}" if reply and not generate else ""
+        # LLM workers leave their queue group while full, so for a generative
+        # request "no responders" means every worker of the version is full (or
+        # none runs): `_on_no_gen_responders` answers 429 (or 503) at once.
+        if not reply:
+            nr_reply = ""
+        elif generate:
+            tokens = f"{subject_token(model)}.{subject_token(version)}"
+            nr_reply = f"{self._nr_gen_inbox}.{tokens}.{reply}"
+        else:
+            nr_reply = f"{self._nr_inbox}.{reply}"
         await self._nc.publish(subject, msg.data, reply=nr_reply, headers=out)
         ROUTED.labels(model, version, "OK").inc()
         DECISIONS.labels(model, version, decision.reason).inc()
@@ -243,6 +265,34 @@ class Router:
                 "nothing was computed, safe to retry"
             ),
         )
+
+    async def _on_no_gen_responders(self, msg: Msg) -> None:
+        """No LLM worker took a generative request: 429 if the version's workers are
+        all full, 503 if none serves it. Nothing was generated either way."""
+        headers = msg.headers or {}
+        if msg.data or headers.get("Status") != "503":
+            return
+        rest = msg.subject[len(self._nr_gen_inbox) + 1 :]
+        model_token, version_token, reply = rest.split(".", 2)
+        model, version = name_from_token(model_token), name_from_token(version_token)
+        ready = len(self._catalog.ready_workers(model, version))
+        exc: InferbusError
+        if ready:
+            exc = ResourceExhausted(
+                f"model '{model}' version '{version}': all {ready} worker(s) serving it hold "
+                "as many requests as they admit (max_num_seqs + max_waiting); nothing was "
+                "generated, retry later or add workers",
+                reason=LLM_FULL_REASON,
+                retry_after_s=1.0,
+            )
+        else:
+            exc = Unavailable(
+                f"no worker is taking generation requests for model '{model}' version "
+                f"'{version}' ({self._catalog.version_state(model, version)}); nothing was "
+                "generated, safe to retry"
+            )
+        ROUTED.labels(model, version, exc.code.name).inc()
+        await send_error(self._nc, reply, exc)
 
     async def _send_shadow(
         self, route: Route, primary: dict[str, str], body: bytes, pair: tuple[str, str]

@@ -21,6 +21,12 @@ REJECTED = Counter(
     "Requests refused at once because running + waiting reached the bound (429).",
     _LABELS,
 )
+HANDED_OFF = Counter(
+    "inferbus_llm_handed_off",
+    "Requests a full (or stopping) worker published back to the version's subject for a "
+    "worker with room (it had withdrawn from the queue group; they were on their way).",
+    _LABELS,
+)
 ABORTED = Counter(
     "inferbus_llm_aborted",
     "Requests aborted in the engine, by why (cancelled, deadline, shutdown, engine-dead).",

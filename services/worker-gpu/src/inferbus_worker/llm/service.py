@@ -11,10 +11,19 @@ and reports not ready until a place frees up.
 
 Per version it subscribes to ``ib.gen.<model>.<version>`` in the queue group
 ``llm`` (several workers share the load). Admission is bounded: at most
-``max_num_seqs + max_waiting`` requests are held in the engine; one more is
-answered RESOURCE_EXHAUSTED (reason ``llm-full``) at once instead of queueing
-without end. Each admitted request streams chunks (``Ib-Seq`` 0, 1, ...; the
-last with ``Ib-Final: 1``) to its reply subject. A message on
+``max_num_seqs + max_waiting`` requests are held in the engine. A worker takes
+requests only while it has room: when it reaches its bound it withdraws from
+the queue group (drains its subscription), and it subscribes again as soon as
+a request ends, so nats-server hands new requests only to workers with room;
+when none has room the router gets nats-server's "no responders" and answers
+RESOURCE_EXHAUSTED (reason ``llm-full``) at once instead of queueing without
+end. A request that still reaches a full worker (it was on its way while the
+worker withdrew) is handed on to the subject again, at most `MAX_HANDOFFS`
+times, so a worker with room elsewhere takes it; when none does, the worker
+that handed it on answers it RESOURCE_EXHAUSTED (``llm-full``).
+
+Each admitted request streams chunks (``Ib-Seq`` 0, 1, ...; the last with
+``Ib-Final: 1``) to its reply subject. A message on
 ``ib.gencancel.<request id>``, or the request's deadline, aborts it in vLLM.
 
 A vLLM engine whose core process dies is noticed by the request that gets
@@ -57,7 +66,7 @@ from inferbus_common.errors import (
     Unavailable,
     status_of,
 )
-from inferbus_common.generation import GenerationChunk, GenerationRequest
+from inferbus_common.generation import LLM_FULL_REASON, GenerationChunk, GenerationRequest
 from inferbus_common.grpcauth import read_secret
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.modelconfig import GenerationConfig
@@ -80,7 +89,11 @@ log = logging.getLogger(__name__)
 
 _NATS_ERRORS = NATS_ERRORS
 QUEUE_GROUP = "llm"
-FULL_REASON = "llm-full"
+FULL_REASON = LLM_FULL_REASON
+MAX_HANDOFFS = 2
+"""Hand-offs of one request before a full worker answers RESOURCE_EXHAUSTED itself.
+A request can bounce back to the same worker only while its withdrawal is on its
+way to nats-server (one round trip), so two suffice."""
 RESTARTING = "restarting: the vLLM engine died"
 """Version state (heartbeat, /readyz) while its engine is being restarted."""
 DEAD_GRACE_S = 2.0
@@ -134,6 +147,12 @@ class VersionServer:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ids = itertools.count(1)
         self._sub: Subscription | None = None
+        """The intake subscription while the server has room (None while full)."""
+        self._opening = False
+        self._draining: set[asyncio.Task[None]] = set()
+        self._handoff_inbox = ""
+        """Where "no responders" for requests we handed off comes back."""
+        self._handoff_sub: Subscription | None = None
         self._stopping = False
 
     @property
@@ -143,12 +162,70 @@ class VersionServer:
 
     async def start(self) -> None:
         """Subscribe to the version's generation subject (queue group ``llm``)."""
-        self._sub = await self._nc.subscribe(
-            self._subjects.gen(self.dv.model, self.dv.version),
-            queue=QUEUE_GROUP,
-            cb=self._on_request,
-            pending_msgs_limit=100_000,
+        self._handoff_inbox = self._nc.new_inbox()
+        self._handoff_sub = await self._nc.subscribe(
+            f"{self._handoff_inbox}.>", cb=self._on_handoff_refused
         )
+        await self._open_intake()
+
+    @property
+    def taking_requests(self) -> bool:
+        """Whether this server is in the queue group now (it has room)."""
+        return self._sub is not None
+
+    async def _open_intake(self) -> None:
+        """Join the queue group (again) if there is room and we are not in it."""
+        if self._sub is not None or self._opening or self._stopping:
+            return
+        self._opening = True
+        try:
+            while (
+                self._sub is None
+                and not self._stopping
+                and not self._nc.is_closed
+                and self.in_flight < self.bound
+            ):
+                try:
+                    self._sub = await self._nc.subscribe(
+                        self._subjects.gen(self.dv.model, self.dv.version),
+                        queue=QUEUE_GROUP,
+                        cb=self._on_request,
+                        pending_msgs_limit=100_000,
+                    )
+                except _NATS_ERRORS as exc:
+                    # Reconnecting or closing: nats-py replays live subscriptions on
+                    # reconnect, not this one; try again shortly unless stopping.
+                    log.warning("could not rejoin the generation queue group: %s", exc)
+                    await asyncio.sleep(0.5)
+        finally:
+            self._opening = False
+
+    def _close_intake(self) -> None:
+        """Leave the queue group at the bound: the server stops handing us requests.
+
+        A drain, not an unsubscribe: the requests nats-server already sent us are
+        still answered (admitted if a slot freed meanwhile, else handed on).
+        """
+        sub, self._sub = self._sub, None
+        if sub is None:
+            return
+        task = asyncio.create_task(self._drain(sub), name=f"drain-{self.dv.model}")
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+
+    async def _drain(self, sub: Subscription) -> None:
+        with contextlib.suppress(*_NATS_ERRORS, TimeoutError):
+            async with asyncio.timeout(10.0):
+                await sub.drain()
+
+    def _intake_changed(self) -> None:
+        """Leave the queue group when full, rejoin it when a slot frees."""
+        if self.in_flight >= self.bound:
+            self._close_intake()
+        elif self._sub is None and not self._opening and not self._stopping:
+            task = asyncio.create_task(self._open_intake(), name=f"intake-{self.dv.model}")
+            self._draining.add(task)
+            task.add_done_callback(self._draining.discard)
 
     async def stop(self, timeout_s: float) -> None:
         """Stop intake, let in-flight requests finish for `timeout_s`, abort the rest.
@@ -163,10 +240,16 @@ class VersionServer:
             self._recovery.cancel()
             await asyncio.gather(self._recovery, return_exceptions=True)
             self._recovery = None
-        if self._sub is not None:
-            with contextlib.suppress(*_NATS_ERRORS):
-                await self._sub.unsubscribe()
-            self._sub = None
+        self._close_intake()
+        if self._draining:
+            await asyncio.wait(list(self._draining), timeout=timeout_s)
+        if self._handoff_sub is not None:
+            # A round trip: "no responders" for what we handed off is in by now.
+            with contextlib.suppress(*_NATS_ERRORS, TimeoutError):
+                await self._nc.flush(timeout=2)
+                await asyncio.sleep(0.05)
+                await self._handoff_sub.unsubscribe()
+            self._handoff_sub = None
         tasks = list(self._tasks.values())
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=timeout_s)
@@ -340,6 +423,14 @@ class VersionServer:
                 raise EngineDead(
                     f"model '{self.dv.model}' version '{self.dv.version}': {self.down}"
                 )
+            if self._stopping or self.in_flight >= self.bound:
+                if await self._hand_off(msg, headers):
+                    return
+            if self._stopping:
+                raise Unavailable(
+                    f"the worker serving model '{self.dv.model}' version '{self.dv.version}' "
+                    "is stopping; nothing was generated, retry"
+                )
             if self.in_flight >= self.bound:
                 metrics.REJECTED.labels(*self._labels).inc()
                 raise ResourceExhausted(
@@ -360,11 +451,71 @@ class VersionServer:
         self._tasks[rid] = task
         metrics.IN_FLIGHT.labels(*self._labels).set(len(self._tasks))
         task.add_done_callback(lambda _t: self._forget(rid, task))
+        self._intake_changed()
+
+    async def _hand_off(self, msg: Msg, headers: dict[str, str]) -> bool:
+        """Publish a request this server cannot take back to its subject, for another worker.
+
+        The copy's NATS reply subject is this server's hand-off inbox: if no worker
+        with room is subscribed, nats-server's "no responders" comes back here and
+        `_on_handoff_refused` answers the client. After `MAX_HANDOFFS`, or without
+        an ``Ib-Reply`` to answer, the caller answers the request itself.
+        """
+        try:
+            hops = int(headers.get(h.HANDOFF) or 0)
+        except ValueError:
+            hops = MAX_HANDOFFS
+        client_reply = headers.get(h.REPLY, "")
+        if not client_reply or hops >= MAX_HANDOFFS or not self._handoff_inbox:
+            return False
+        # Let a withdrawal started by the request that filled us reach the socket
+        # first, so the copy is not sent back to us (same connection, in order).
+        await asyncio.sleep(0)
+        why = "s" if self._stopping else "f"
+        forwarded = {**headers, h.HANDOFF: str(hops + 1)}
+        try:
+            await self._nc.publish(
+                msg.subject,
+                msg.data,
+                reply=f"{self._handoff_inbox}.{why}.{client_reply}",
+                headers=forwarded,
+            )
+        except _NATS_ERRORS:
+            return False
+        metrics.HANDED_OFF.labels(*self._labels).inc()
+        return True
+
+    async def _on_handoff_refused(self, msg: Msg) -> None:
+        """No worker took a request we handed off: answer its client now (429, or
+        503 when we handed it off because we are stopping)."""
+        headers = msg.headers or {}
+        if msg.data or headers.get("Status") != "503":
+            return
+        why, _, reply = msg.subject[len(self._handoff_inbox) + 1 :].partition(".")
+        where = f"model '{self.dv.model}' version '{self.dv.version}'"
+        exc: InferbusError
+        if why == "s":
+            exc = Unavailable(
+                f"the worker serving {where} is stopping and no other worker has room; "
+                "nothing was generated, retry"
+            )
+        else:
+            metrics.REJECTED.labels(*self._labels).inc()
+            exc = ResourceExhausted(
+                f"{where}: every worker serving it holds as many requests as it admits "
+                f"(bound {self.bound} here); nothing was generated, retry later",
+                reason=FULL_REASON,
+                retry_after_s=1.0,
+            )
+        metrics.REQUESTS.labels(*self._labels, exc.code.name).inc()
+        with contextlib.suppress(*_NATS_ERRORS):
+            await self._nc.publish(reply, b"", headers={**error_headers(exc), h.FINAL: "1"})
 
     def _forget(self, rid: str, task: asyncio.Task[None]) -> None:
         if self._tasks.get(rid) is task:
             del self._tasks[rid]
         metrics.IN_FLIGHT.labels(*self._labels).set(len(self._tasks))
+        self._intake_changed()
 
     async def _run(
         self, rid: str, request: GenerationRequest, reply: str, deadline_ns: int
