@@ -28,8 +28,8 @@ from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.modelconfig import EngineConfig
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import BatchEntry, encode_batch
-from inferbus_worker.engines import EngineError, OnnxRuntimeEngine
-from inferbus_worker.runner import ModelRunner
+from inferbus_worker.engines import EngineError, OnnxRuntimeEngine, TensorRTEngine
+from inferbus_worker.runner import InlineRuns, ModelRunner, runs_on_gpu
 from inferbus_worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
@@ -231,4 +231,73 @@ async def test_waiting_batches_are_merged_into_one_execution(
         await idle_info(nc, subjects, runner.consumer)
     finally:
         engine.gate.set()
+        await runner.stop()
+
+
+def test_inline_runs_need_a_short_measured_class() -> None:
+    decide = InlineRuns(300e-6)
+    # Nothing measured yet: the thread pool, whose run measures the class.
+    assert not decide.inline(1)
+    decide.observe(1, 20e-6)
+    assert decide.inline(1)
+    # Rows 2-3 are another class (a batch's time is not proportional to its rows).
+    assert not decide.inline(2)
+    decide.observe(3, 2e-3)
+    assert not decide.inline(2)
+    assert not decide.inline(3)
+    assert decide.inline(1)
+
+
+def test_inline_runs_follow_a_slowdown_and_recover() -> None:
+    decide = InlineRuns(300e-6, alpha=0.2)
+    decide.observe(8, 10e-6)
+    assert decide.inline(8)
+    # One slow run (5 ms) moves the class to the threads at once ...
+    decide.observe(8, 5e-3)
+    assert not decide.inline(8)
+    # ... and fast runs measured there bring it back.
+    runs = 0
+    while not decide.inline(8):
+        decide.observe(8, 10e-6)
+        runs += 1
+    assert 1 < runs < 20
+    assert decide.average(8) is not None and decide.average(8) <= 300e-6
+
+
+def test_inline_runs_zero_disables() -> None:
+    decide = InlineRuns(0.0)
+    decide.observe(1, 1e-6)
+    assert not decide.inline(1)
+
+
+def test_gpu_engines_never_run_inline(fraud_dir: Path) -> None:
+    cpu = OnnxRuntimeEngine(fraud_dir / "model.onnx", EngineConfig())
+    cpu.load()
+    assert not runs_on_gpu(cpu)
+    cpu._providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert runs_on_gpu(cpu)
+    assert runs_on_gpu(TensorRTEngine(fraud_dir / "model.onnx"))
+
+
+@pytest.mark.parametrize("max_us", [200_000.0, 0.0])
+async def test_short_runs_go_inline_after_a_measured_run(
+    nc: Client, fraud_dir: Path, fraud_deployed: DeployedVersion, max_us: float
+) -> None:
+    inline_before = sample("inferbus_worker_inline_runs_total")
+    engine = OnnxRuntimeEngine(fraud_dir / "model.onnx", EngineConfig())
+    # A 0.2 s bound, so no stall of this shared machine can push a single-row run over it.
+    runner, subjects, replies = await start_runner(
+        nc, engine, fraud_deployed, inline_run_max_us=max_us
+    )
+    try:
+        # One batch at a time: every one is a single row of the tiny fraud model.
+        for i in range(4):
+            await publish(nc, subjects, f"i{i}")
+            await wait_until(lambda n=i: len(replies) == n + 1)
+        assert all(h.STATUS not in m.headers for m in replies)
+        assert len({m.data for m in replies}) == 1  # same input, same answer, inline or not
+        inline = sample("inferbus_worker_inline_runs_total") - inline_before
+        # The first run (in a thread) measured the class; the next three ran inline.
+        assert inline == (3 if max_us else 0)
+    finally:
         await runner.stop()

@@ -71,6 +71,13 @@ MERGED = Counter(
     _LABELS,
 )
 
+INLINE_RUNS = Counter(
+    "inferbus_worker_inline_runs",
+    "Engine executions run on the event loop instead of an engine thread "
+    "(short runs; see INFERBUS_WORKER_INLINE_RUN_MAX_US).",
+    _LABELS,
+)
+
 ARTIFACTS_REJECTED = Counter(
     "inferbus_worker_artifacts_rejected",
     "Versions refused before loading, by reason (signature, digest).",

@@ -31,6 +31,13 @@ fills). A merged group is acked, nak'ed or terminated as a whole; if the
 engine rejects a merged input, each batch is retried alone so one bad batch
 cannot fail its neighbours.
 
+Short runs inline: handing a micro-batch to an engine thread and back costs
+a few hundred microseconds on a busy machine (executor hand-off, loop wake-up,
+GIL), far more than a tiny model's run. `InlineRuns` keeps a moving average of
+the engine's run time per batch-size class; a batch whose class recently ran
+under ``inline_run_max_us`` runs on the event loop, anything else (and any
+class not measured yet) in the thread pool. GPU engines always use the pool.
+
 Pre/post-processing (`inferbus_worker.processing`, when the version's config
 declares it) runs on the merged batch around the engine, in the same thread
 pool, timed as the ``pre`` and ``post`` stages of ``Ib-Timings``. Requests
@@ -73,7 +80,7 @@ from inferbus_common.wire import (
     join_tensors,
 )
 from inferbus_worker import metrics
-from inferbus_worker.engines import Engine, EngineError, EngineInputError
+from inferbus_worker.engines import Engine, EngineError, EngineInputError, TensorRTEngine
 from inferbus_worker.microbatch import (
     LiveRequest,
     ReplyContext,
@@ -92,6 +99,68 @@ REQUEST_SPAN = "inferbus.worker.request"
 
 _NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError)
 """Failures talking to NATS: transient, the batch is redelivered."""
+
+
+_GPU_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider"})
+
+
+def runs_on_gpu(engine: Engine) -> bool:
+    """Whether `engine` computes on a GPU (TensorRT, or ONNX Runtime with a GPU provider)."""
+    if isinstance(engine, TensorRTEngine):
+        return True
+    providers = getattr(engine, "providers", None) or []
+    return any(p in _GPU_PROVIDERS for p in providers)
+
+
+class InlineRuns:
+    """Decides whether an engine run is short enough to run on the event loop.
+
+    Run times are kept as a moving average per batch-size class (rows 1, 2-3,
+    4-7, ...: a model's time per batch is far from proportional to its rows).
+    A class with no measurement yet runs in the thread pool, and its first
+    runs there measure it; every run, inline or not, updates its class, so a
+    model that slows down (a busy machine, a bigger input) goes back to the
+    threads after a run or a few.
+
+    Args:
+        max_s: longest average run time that still runs inline; 0 disables.
+        alpha: weight of the newest run in the moving average.
+    """
+
+    def __init__(self, max_s: float, *, alpha: float = 0.2) -> None:
+        self.max_s = max_s
+        self._alpha = alpha
+        self._avg: dict[int, float] = {}
+
+    @staticmethod
+    def _key(rows: int) -> int:
+        return max(rows, 1).bit_length()
+
+    def inline(self, rows: int) -> bool:
+        """True when a batch of `rows` rows should run on the event loop."""
+        if self.max_s <= 0:
+            return False
+        avg = self._avg.get(self._key(rows))
+        return avg is not None and avg <= self.max_s
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """Record one engine run of `rows` rows that took `seconds`."""
+        key = self._key(rows)
+        avg = self._avg.get(key)
+        self._avg[key] = seconds if avg is None else avg + self._alpha * (seconds - avg)
+
+    def average(self, rows: int) -> float | None:
+        """Moving average run time of the class of `rows` (None: not measured)."""
+        return self._avg.get(self._key(rows))
+
+
+def _timed_run(
+    engine: Engine, inputs: dict[str, np.ndarray], outputs: list[str]
+) -> tuple[dict[str, np.ndarray], float]:
+    """`engine.run` and its duration in seconds (measured where it runs)."""
+    t0 = time.perf_counter()
+    result = engine.run(inputs, outputs)
+    return result, time.perf_counter() - t0
 
 
 class ModelRunner:
@@ -149,6 +218,7 @@ class ModelRunner:
         self._log_extra = {"model": deployed.model, "version": deployed.version}
         self._idle_subject = subjects.idle(settings.pool, deployed.model, deployed.version)
         self._queue_empty = True
+        self._inline = InlineRuns(0.0 if runs_on_gpu(engine) else settings.inline_run_max_us / 1e6)
         # Most micro-batches one execution may join (each holds at least one row).
         self._merge_limit = (
             min(settings.max_merge_batches, deployed.config.max_batch_size)
@@ -482,7 +552,7 @@ class ModelRunner:
         start_ns = h.now_ns()
         t0 = time.monotonic()
         try:
-            outputs = await self._compute(msgs, inputs)
+            outputs = await self._compute(msgs, inputs, sum(r.entry.rows for r in requests))
         except EngineInputError as exc:
             if split_on_reject:
                 # Expired requests may be answered twice then; the gateway keeps the first.
@@ -525,17 +595,25 @@ class ModelRunner:
         return True
 
     async def _compute(
-        self, msgs: list[Msg], inputs: dict[str, np.ndarray]
+        self, msgs: list[Msg], inputs: dict[str, np.ndarray], rows: int
     ) -> dict[str, np.ndarray]:
+        if self._inline.inline(rows):
+            # Short: running it here costs less than the hand-off to a thread and back.
+            outputs, seconds = _timed_run(self._engine, inputs, self._outputs)
+            self._inline.observe(rows, seconds)
+            self._metric(metrics.INLINE_RUNS).inc()
+            return outputs
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool, self._engine.run, inputs, self._outputs)
+        future = loop.run_in_executor(self._pool, _timed_run, self._engine, inputs, self._outputs)
         # Tell JetStream the batch is still being worked on, so a long
         # execution is not redelivered to another worker.
         interval = self._settings.ack_wait_s / 3
         while True:
             done, _ = await asyncio.wait({future}, timeout=interval)
             if done:
-                return future.result()
+                outputs, seconds = future.result()
+                self._inline.observe(rows, seconds)
+                return outputs
             for msg in msgs:
                 with contextlib.suppress(*_NATS_ERRORS):
                     await msg.in_progress()

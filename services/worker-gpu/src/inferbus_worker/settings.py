@@ -45,6 +45,12 @@ class WorkerSettings(ServiceSettings):
     """Long-poll time of one fetch; also the longest a drain waits for a pending fetch."""
     max_merge_batches: int = Field(default=32, ge=1)
     """Most waiting micro-batches joined into one engine execution (1 disables merging)."""
+    inline_run_max_us: float = Field(default=300.0, ge=0)
+    """Micro-batches the engine recently ran faster than this (a moving average of
+    its run time for batches of about the same row count) run on the event loop
+    instead of being handed to an engine thread and back, which costs more than a
+    tiny model's run. 0 = always in the engine threads. GPU engines (CUDA or
+    TensorRT providers) always use the threads."""
     nak_delay_s: float = Field(default=0.5, ge=0)
     """Redelivery delay of a batch whose engine run failed for a transient reason."""
     max_ack_pending: int = Field(default=1024, ge=1)
