@@ -81,6 +81,7 @@ async def ensure_batch_stream(
     max_bytes: int = 1 << 30,
     max_msgs: int = 1_000_000,
     max_msgs_per_subject: int = 1024,
+    reconcile: bool = False,
 ) -> None:
     """Create the micro-batch work-queue stream if it does not exist.
 
@@ -89,6 +90,11 @@ async def ensure_batch_stream(
     batcher sees the overload and answers it. The per-subject bound (one
     subject per pool/model/version) keeps one model's backlog from filling the
     stream for everyone: its own batches are refused first.
+
+    The batchers own the stream's limits (``reconcile=True``): whoever created
+    it (a worker that started first creates it with the defaults), a batcher
+    sets ``max_bytes`` and ``max_msgs_per_subject`` to its own settings. Storage cannot change in
+    place; a mismatch is logged with what to do.
     """
     config = StreamConfig(
         name=subjects.batch_stream,
@@ -103,13 +109,38 @@ async def ensure_batch_stream(
         duplicate_window=120.0,
     )
     try:
-        await js.stream_info(subjects.batch_stream)
+        info = await js.stream_info(subjects.batch_stream)
     except nats.js.errors.NotFoundError:
         try:
             await js.add_stream(config)
+            return
         except nats.js.errors.BadRequestError:
             # Another service created it between our check and our create.
-            await js.stream_info(subjects.batch_stream)
+            info = await js.stream_info(subjects.batch_stream)
+    if not reconcile:
+        return
+    have = info.config
+    if have.storage != config.storage:
+        log.error(
+            "the work-queue stream %s has %s storage but this batcher is set to %s; it "
+            "cannot change in place: with no batches waiting, delete the stream "
+            "(`nats stream rm %s`) and restart the batchers to recreate it",
+            subjects.batch_stream,
+            getattr(have.storage, "value", have.storage),
+            storage,
+            subjects.batch_stream,
+        )
+    # The bounds the batcher has settings for; others (max_msgs) are left as found.
+    if (have.max_bytes, have.max_msgs_per_subject) != (max_bytes, max_msgs_per_subject):
+        have.max_bytes = max_bytes
+        have.max_msgs_per_subject = max_msgs_per_subject
+        await js.update_stream(have)
+        log.info(
+            "work-queue stream %s limits set to max_bytes=%d max_msgs_per_subject=%d",
+            subjects.batch_stream,
+            max_bytes,
+            max_msgs_per_subject,
+        )
 
 
 async def shutdown(nc: Client, timeout_s: float = 5.0) -> None:

@@ -192,6 +192,7 @@ class Batcher:
             storage=s.stream_storage,
             max_bytes=s.stream_max_bytes,
             max_msgs_per_subject=s.stream_max_msgs_per_subject,
+            reconcile=True,
         )
 
     async def _restore_stream(self) -> bool:

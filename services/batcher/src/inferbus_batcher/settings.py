@@ -20,13 +20,15 @@ class BatcherSettings(ServiceSettings):
     queue_group: str = "batcher"
     """NATS queue group shared by all batcher instances."""
     stream_storage: Literal["memory", "file"] = "memory"
-    """Storage of the micro-batch stream when the batcher creates it."""
+    """Storage of the micro-batch stream when the batcher creates it (a stream that
+    exists with other storage is kept, and the mismatch logged: it cannot change
+    in place)."""
     stream_max_bytes: int = Field(default=1 << 30, ge=1 << 20)
-    """Size bound of the micro-batch stream."""
+    """Size bound of the micro-batch stream (set on the stream at every start)."""
     stream_max_msgs_per_subject: int = Field(default=1024, ge=1)
     """Micro-batches one pool/model/version may have waiting in the stream; beyond
-    it the batcher answers RESOURCE_EXHAUSTED (``work-queue-full``). Applies when
-    the batcher creates the stream."""
+    it the batcher answers RESOURCE_EXHAUSTED (``work-queue-full``). Set on the
+    stream at every start, also when a worker created it first."""
     max_outstanding_publishes: int = Field(default=64, ge=1)
     """Micro-batch publishes awaiting their JetStream ack at once; beyond it,
     ready batches wait in their queue (which then fills and answers
