@@ -129,10 +129,10 @@ async def measure(stack: LocalStack, worker: ServiceProcess, k: int, max_tokens:
     cpu1 = cpu_seconds(stack, worker)
     after = worker_counts(stack, worker)
     row = summarize("llm-stream", k, max_tokens, wall, runs)
-    events = max(1, row["client_events"])
+    tokens = max(1, row["client_tokens"])
     for name, t in cpu1.items():
-        # CPU per SSE event the client received, by process.
-        row[f"{name}_us_per_event"] = round((t - cpu0[name]) / events * 1e6, 1)
+        # CPU per token the client received, by process.
+        row[f"{name}_us_per_token"] = round((t - cpu0[name]) / tokens * 1e6, 1)
     row.update(
         worker_tokens=after[0] - before[0],
         worker_ok_requests=after[1] - before[1],
@@ -176,9 +176,14 @@ def engine_only(model_dir: Path, concurrencies: list[int], max_tokens: int, roun
         return {"ttft_s": first - t0, "last_s": last - t0, "events": steps, "tokens": tokens}
 
     async def run(k: int) -> dict:
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), time.process_time()
         runs = await asyncio.gather(*(one() for _ in range(k)))
-        return summarize("llm-engine-only", k, max_tokens, time.monotonic() - t0, runs)
+        row = summarize("llm-engine-only", k, max_tokens, time.monotonic() - t0, runs)
+        # vLLM's front end alone (this process: output processing, detokenising),
+        # the part of the LLM worker's CPU per event that is not inferbus code.
+        cpu = time.process_time() - cpu0
+        row["llm_worker_us_per_token"] = round(cpu / max(1, row["client_tokens"]) * 1e6, 1)
+        return row
 
     async def all_runs() -> None:
         await run(1)  # warm-up
@@ -229,7 +234,7 @@ def main() -> None:
     if args.engine_only_child:
         engine_only(args.engine_only_child, args.concurrency, args.max_tokens, args.rounds)
         return
-    from inferbus_testing.processes import ServiceProcess
+    from inferbus_testing.llm import build_tiny_llm, start_llm_worker, wait_llm_ready
     from inferbus_testing.stack import LocalStack
 
     if not VLLM_PYTHON.is_file():
@@ -243,48 +248,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llm-bench-") as tmp:
         base = Path(tmp)
         model_dir = base / MODEL
-        subprocess.run(
-            [
-                str(VLLM_PYTHON),
-                str(REPO / "examples/tiny-llm/build.py"),
-                "--out",
-                str(model_dir),
-                "--max-num-seqs",
-                str(seqs),
-                "--max-waiting",
-                "0",
-                "--max-len",
-                "4096",
-            ],
-            check=True,
-            capture_output=True,
-        )
+        build_tiny_llm(model_dir, max_num_seqs=seqs, max_waiting=0, max_len=4096)
         stack = LocalStack(base, workers=0, with_redis=True)
         with stack:
             stack.push(model_dir, MODEL)
-            assert stack.nats is not None
-            worker = ServiceProcess(
-                "inferbus_worker.llm",
-                env_prefix="INFERBUS_LLM_",
-                python=str(VLLM_PYTHON),
-                name="llm-worker",
-                log_dir=base,
-                env={
-                    "INFERBUS_LLM_NATS_URL": stack.nats.url,
-                    "INFERBUS_LLM_METRICS_PORT": "0",
-                    "INFERBUS_LLM_REGISTRY_URL": stack.registry_url,
-                    "INFERBUS_LLM_CACHE_DIR": str(base / "llm-cache"),
-                    "INFERBUS_LLM_DEVICE": "cpu",
-                },
-            )
-            stack.procs["llm-worker"] = worker
-            worker.start(timeout=90)
-            ready = f"http://{stack.http_url}/v2/models/{MODEL}/ready"
-            deadline = time.monotonic() + 180
-            while httpx.get(ready, timeout=2).status_code != 200:
-                if not worker.running or time.monotonic() > deadline:
-                    sys.exit(f"LLM worker not ready:\n{worker.log_tail()}")
-                time.sleep(0.5)
+            worker = start_llm_worker(stack, base)
+            wait_llm_ready(stack, worker, MODEL, timeout=180)
             asyncio.run(measure(stack, worker, 1, 16))  # warm-up
             rows = []
             for k in args.concurrency:
@@ -336,8 +305,8 @@ def main() -> None:
         "tokens_per_event",
         "client_tokens",
         "of_engine_only",
-        "gateway_us_per_event",
-        "llm_worker_us_per_event",
+        "gateway_us_per_token",
+        "llm_worker_us_per_token",
     ]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
