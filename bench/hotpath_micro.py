@@ -18,6 +18,14 @@ Round 3 (gateway, issue #10), each changed: the wait for a reply
 uvloop like the services), the access-log line (``Logger.info`` vs
 ``handle(makeRecord(...))``, no caller lookup) and the answered-request
 metrics (``labels(...)`` twice vs the cached children).
+
+Round 5 (batcher and worker CPU per request, issue #10), fraud model
+(64 FP32 inputs, 2 outputs): re-validating a request layout that passed
+(``ModelConfig.validate_request`` vs `RequestChecker`, batcher per request,
+worker per micro-batch), the worker's OK replies of one 8-row execution
+(`ok_reply` per request, as before, vs `BatchReplies` once and ``ok`` per
+request) and its reply counter (``inc()`` per reply vs once per execution).
+Run only these with ``--round 5``.
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from inferbus_common.audit import encode_record
 from inferbus_common.logs import JsonFormatter
 from inferbus_router.health import NOT_THE_VERSIONS_FAULT, HealthPolicy, HealthWeights
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "examples/fraud"))
 
 
 def cpu_us(fn: Callable[[], object], number: int, repeat: int) -> float:
@@ -92,13 +103,99 @@ async def reply_timer() -> object:
         timer.cancel()
 
 
+def round5_steps() -> list[tuple[str, Callable[[], object], Callable[[], object]]]:
+    """Round 5's steps (batcher and worker per request), old way vs new way."""
+    import numpy as np
+    from make_model import model_config
+
+    from inferbus_common.codec import tensor_from_numpy
+    from inferbus_common.validation import RequestChecker
+    from inferbus_common.wire import BatchEntry, MicroBatch
+    from inferbus_worker.microbatch import BatchReplies, LiveRequest, ReplyContext, ok_reply
+
+    config = model_config("fraud", 64, 2)
+    rng = np.random.default_rng(0)
+    one = [tensor_from_numpy("input", rng.random((1, 64), dtype=np.float32))]
+    four = [tensor_from_numpy("input", rng.random((4, 64), dtype=np.float32))]
+    checker = RequestChecker(config)
+    checker.check(one)
+    checker.check(four)
+    rows = 8
+    outputs = {"output": rng.random((rows, 2), dtype=np.float32)}
+    ctx = ReplyContext("1", "sha256:" + "ab" * 32)
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    requests = [
+        LiveRequest(BatchEntry(f"req-{i:028d}", f"_INBOX.x.{i}", 0, 1, 1, (), tp), i)
+        for i in range(rows)
+    ]
+    MicroBatch([r.entry for r in requests], four)  # the layout the worker receives
+    registry = CollectorRegistry()
+    replies = Counter("r5", "r5", ["model", "version", "status"], registry=registry)
+    child = replies.labels("fraud", "1", "OK")
+
+    def replies_old() -> None:
+        for r in requests:
+            ok_reply(
+                ctx,
+                r,
+                outputs,
+                batched=True,
+                queue_ms=0.5,
+                compute_ms=0.07,
+                batch_rows=rows,
+                stages_ms={},
+            )
+
+    def replies_new() -> None:
+        batch = BatchReplies(
+            ctx, outputs, batched=True, compute_ms=0.07, batch_rows=rows, stages_ms={}
+        )
+        for r in requests:
+            batch.ok(r, 0.5)
+
+    def count_old() -> None:
+        for _ in range(rows):
+            child.inc()
+
+    return [
+        (
+            "batcher: validate one request, 1 row (validate_request vs RequestChecker)",
+            lambda: config.validate_request(one, ()),
+            lambda: checker.check(one, ()),
+        ),
+        (
+            "worker: validate a micro-batch, 4 rows (validate_request vs RequestChecker)",
+            lambda: config.validate_request(four),
+            lambda: checker.check(four),
+        ),
+        (
+            "worker: OK replies of an 8-row execution, 8 requests (ok_reply each vs BatchReplies)",
+            replies_old,
+            replies_new,
+        ),
+        (
+            "worker: count 8 OK replies (inc() each vs inc(8) once)",
+            count_old,
+            lambda: child.inc(rows),
+        ),
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: one JSON line per step with old/new µs and their ratio."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--number", type=int, default=20_000)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--round", type=int, default=None, help="only this round's steps (5)")
     args = p.parse_args(argv)
     n, r = args.number, args.repeat
+    if args.round == 5:
+        for name, old, new in round5_steps():
+            old_us = cpu_us(old, n, r)
+            new_us = cpu_us(new, n, r)
+            line = {"step": name, "old_us": round(old_us, 2), "new_us": round(new_us, 2)}
+            print(json.dumps(line | {"ratio": round(new_us / old_us, 3)}), flush=True)
+        return 0
     record_args = dict(
         request_id="0123456789abcdef0123456789abcdef",
         ts_unix_ms=1_700_000_000_000,

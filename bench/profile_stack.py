@@ -14,6 +14,13 @@ median and the B/A ratios::
     uv run python bench/profile_stack.py --concurrency 1 64 --duration 8 \\
         --arm 'base:INFERBUS_GATEWAY_ACCESS_LOG=true' --arm 'new:' --rounds 2
 
+With ``--rate R`` the runs are open loop at R requests/s instead (the same
+work per second in every arm). Each run also records the batch fill over its
+measured part (rows per micro-batch and per engine execution, and the share
+of micro-batches the batcher sent at once on a worker's idle signal): CPU per
+request in the batcher and the workers follows the fill, so arms only
+compare at similar fills.
+
 One JSON line per measured run (``kind: profile_run``) and one per arm
 comparison (``kind: ab``) go to ``--out`` (default
 ``bench/results/profile-<time>.jsonl``).
@@ -22,6 +29,7 @@ comparison (``kind: ab``) go to ``--out`` (default
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import statistics
@@ -35,6 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import httpx
 from render import summarize_collapsed
 from stack import BenchStack
 
@@ -53,8 +62,8 @@ def parse_arm(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def loadgen(url: str, model: str, concurrency: int, duration: float, warmup: float) -> dict:
-    """One closed-loop gRPC run; its JSON line."""
+def loadgen(url: str, model: str, load: str, duration: float, warmup: float) -> dict:
+    """One gRPC run, closed loop (`load` ``c<N>``) or open loop (``r<req/s>``); its JSON line."""
     argv = [
         PYTHON,
         "bench/loadgen.py",
@@ -62,8 +71,8 @@ def loadgen(url: str, model: str, concurrency: int, duration: float, warmup: flo
         url,
         "--model",
         model,
-        "--concurrency",
-        str(concurrency),
+        "--rate" if load.startswith("r") else "--concurrency",
+        load[1:],
         "--duration",
         str(duration),
         "--warmup",
@@ -76,29 +85,64 @@ def loadgen(url: str, model: str, concurrency: int, duration: float, warmup: flo
     return lines[-1]
 
 
+def counter_total(stack: BenchStack, service_prefix: str, metric: str) -> float:
+    """A Prometheus counter summed over every process of a service."""
+    total = 0.0
+    for name, proc in stack.procs.items():
+        if name.startswith(service_prefix):
+            text = httpx.get(f"http://127.0.0.1:{proc.ports['metrics']}/metrics", timeout=5.0).text
+            for line in text.splitlines():
+                if line.startswith(metric + " ") or line.startswith(metric + "{"):
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+_IDLE_DISPATCHES = "inferbus_batcher_idle_dispatches_total"
+
+
 def sampled_run(
     stack: BenchStack,
     sample_dir: Path,
     label: str,
     model: str,
-    concurrency: int,
+    load: str,
     duration: float,
     warmup: float,
 ) -> dict[str, Any]:
     """A loadgen run with the sampler on in every service for its measured window."""
     names = {pid: name for name, pid in stack.pids().items()}
 
+    fills: dict[str, tuple[float, float]] = {}
+
     # The sampler window starts after the warm-up and stays inside the measured part.
     def arm_sampler() -> None:
         time.sleep(warmup + 0.5)
         (sample_dir / "go").write_text(f"{label} {max(duration - 1.0, 1.0)}")
+        with contextlib.suppress(httpx.HTTPError):
+            fills["batch"] = stack.batch_rows()
+            fills["engine"] = stack.engine_rows()
+            fills["idle"] = (counter_total(stack, "batcher", _IDLE_DISPATCHES), 0.0)
 
     import threading
 
     t = threading.Thread(target=arm_sampler, daemon=True)
     t.start()
-    line = loadgen(stack.grpc_url, model, concurrency, duration, warmup)
+    line = loadgen(stack.grpc_url, model, load, duration, warmup)
     t.join()
+    # Batch fill over the measured part: CPU per request falls as micro-batches
+    # grow, so arms are only comparable at similar fills.
+    fill: dict[str, float | None] = {}
+    with contextlib.suppress(httpx.HTTPError):
+        for key, read in (("batch", stack.batch_rows), ("engine", stack.engine_rows)):
+            if key in fills:
+                s1, n1 = read()
+                s0, n0 = fills[key]
+                fill[f"rows_per_{key}"] = round((s1 - s0) / (n1 - n0), 2) if n1 > n0 else None
+        if "idle" in fills and "batch" in fills:
+            # Share of micro-batches sent at once on a worker's idle signal.
+            idle = counter_total(stack, "batcher", _IDLE_DISPATCHES) - fills["idle"][0]
+            batches = stack.batch_rows()[1] - fills["batch"][1]
+            fill["idle_dispatch_share"] = round(idle / batches, 3) if batches else None
     deadline = time.monotonic() + 10
     procs: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -129,7 +173,7 @@ def sampled_run(
                     for f, calls, tt, ct in meta[key]
                 ]
         procs[name] = info
-    return {"line": line, "procs": procs}
+    return {"line": line, "procs": procs, "fill": fill}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,6 +181,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arm", action="append", default=None, help="name:KEY=V,... (repeatable)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    p.add_argument(
+        "--rate",
+        type=float,
+        nargs="+",
+        default=None,
+        help="open loop at these req/s instead of the closed-loop concurrencies: the same "
+        "work per second in every arm, so CPU per request compares at like batch fills",
+    )
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--rounds", type=int, default=1)
@@ -145,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=6, help="frames printed per process")
     args = p.parse_args(argv)
     arms = [parse_arm(a) for a in (args.arm or ["default:"])]
+    loads = [f"r{r:g}" for r in args.rate] if args.rate else [f"c{c}" for c in args.concurrency]
     out = args.out or REPO / "bench/results" / f"profile-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     results: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -173,8 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with BenchStack(base, workers=args.workers, env=stack_env) as stack:
                     stack.push(fraud, "fraud")
                     stack.wait_model_ready("fraud")
-                    for c in args.concurrency:
-                        label = f"{name}-c{c}"
+                    for c in loads:
+                        label = f"{name}-{c}"
                         run = sampled_run(
                             stack, sample_dir, label, "fraud", c, args.duration, args.warmup
                         )
@@ -183,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "arm": name,
                             "env": env,
                             "round": rnd,
-                            "concurrency": c,
+                            "concurrency": int(c[1:]) if c.startswith("c") else None,
+                            "rate": float(c[1:]) if c.startswith("r") else None,
                             "load": list(__import__("os").getloadavg()),
                         } | run
                         with out.open("a") as f:
@@ -192,9 +246,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         line = run["line"]
                         stages = {k: v.get("mean_us") for k, v in line.get("stages", {}).items()}
                         print(
-                            f"[{name} r{rnd} c={c}] {line['throughput_rps']:.1f} req/s"
+                            f"[{name} r{rnd} {c}] {line['throughput_rps']:.1f} req/s"
                             f" p50 {line['latency_ms']['p50']} p99 {line['latency_ms']['p99']} ms"
-                            f" errors {line['errors']} stages(us) {stages}",
+                            f" errors {line['errors']} stages(us) {stages}"
+                            f" rows per micro-batch / engine run {run['fill']}",
                             flush=True,
                         )
                         for proc, info in sorted(run["procs"].items()):
@@ -215,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(arms) >= 2:
         base = arms[0][0]
         for name, _ in arms[1:]:
-            for c in args.concurrency:
+            for c in loads:
                 a = results.get((base, c), [])
                 b = results.get((name, c), [])
                 if not a or not b:
@@ -235,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "kind": "ab",
                     "a": base,
                     "b": name,
-                    "concurrency": c,
+                    "load": c,
                     "rounds": args.rounds,
                     "rps": [med(a, "rps"), med(b, "rps")],
                     "p50_ms": [med(a, "p50"), med(b, "p50")],

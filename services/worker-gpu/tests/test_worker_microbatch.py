@@ -9,8 +9,11 @@ from inferbus_common import headers as h
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.errors import InvalidArgument, StatusCode
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.validation import RequestChecker
 from inferbus_common.wire import BatchEntry, MicroBatch, decode_batch, decode_tensors, encode_batch
 from inferbus_worker.microbatch import (
+    BatchReplies,
+    LiveRequest,
     ReplyContext,
     error_reply,
     gather_inputs,
@@ -68,13 +71,18 @@ def test_rows_must_add_up(fraud_config: ModelConfig) -> None:
         gather_inputs(fraud_config, batch, [0])
 
 
-def test_wrong_tensor_is_invalid(fraud_config: ModelConfig) -> None:
+@pytest.mark.parametrize("checked", [False, True])
+def test_wrong_tensor_is_invalid(fraud_config: ModelConfig, checked: bool) -> None:
+    # With a checker that has seen a good layout, a bad one is still refused.
+    checker = RequestChecker(fraud_config) if checked else None
+    good, _ = _batch([1], [0])
+    gather_inputs(fraud_config, good, [0], checker)
     x = np.zeros((1, 63), np.float32)
     batch = decode_batch(
         encode_batch([BatchEntry("a", "r", 0, 0, 1)], [tensor_from_numpy("input", x)])
     )
-    with pytest.raises(InvalidArgument, match="shape"):
-        gather_inputs(fraud_config, batch, [0])
+    with pytest.raises(InvalidArgument, match=r"input 'input' has shape \[1, 63\]"):
+        gather_inputs(fraud_config, batch, [0], checker)
 
 
 def test_ok_reply_has_rows_and_headers(fraud_config: ModelConfig) -> None:
@@ -116,6 +124,48 @@ def test_unknown_output_is_invalid(fraud_config: ModelConfig) -> None:
             compute_ms=0,
             batch_rows=1,
         )
+
+
+def test_batch_replies_share_the_batch_and_time_each_request(fraud_config: ModelConfig) -> None:
+    batch, _ = _batch([1, 2, 1], [0, 0, 0])
+    _, requests = gather_inputs(fraud_config, batch, [0, 1, 2])
+    outputs = {
+        "probabilities": np.arange(8, dtype=np.float32).reshape(4, 2),
+        "label": np.arange(4, dtype=np.int64),
+    }
+    requests[2].entry.outputs = ("label",)
+    requests[1].entry.traceparent = "00-abc-def-01"
+    ctx = ReplyContext("1", "sha256:abc")
+    stages = {"pre": 0.0125, "post": 2.0}
+    replies = BatchReplies(
+        ctx, outputs, batched=True, compute_ms=0.25, batch_rows=4, stages_ms=stages
+    )
+    for i, r in enumerate(requests):
+        headers, body = replies.ok(r, 0.5 + i)
+        assert h.parse_timings(headers[h.TIMINGS]) == {
+            "queue": 0.5 + i,
+            "compute": 0.25,
+            "pre": 0.013,
+            "post": 2.0,
+        }
+        assert headers[h.TIMINGS] == h.format_timings({"queue": 0.5 + i, "compute": 0.25, **stages})
+        assert headers[h.BATCH_SIZE] == "4"
+        assert headers.get(h.TRACEPARENT) == ("00-abc-def-01" if i == 1 else None)
+        tensors = {t.name: t.as_numpy() for t in decode_tensors(body)}
+        wanted = r.entry.outputs or tuple(outputs)
+        assert list(tensors) == list(wanted)
+        for name in wanted:
+            np.testing.assert_array_equal(tensors[name], outputs[name][r.start : r.stop])
+    with pytest.raises(InvalidArgument, match=r"unknown output\(s\) \['nope'\]"):
+        replies.ok(LiveRequest(BatchEntry("x", "r", 0, 0, 1, ("label", "nope")), 0), 0.0)
+
+
+def test_unbatched_replies_hold_whole_outputs() -> None:
+    entry = BatchEntry("a", "r", 0, 0, 1)
+    out = {"y": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    replies = BatchReplies(ReplyContext("1", ""), out, batched=False, compute_ms=1, batch_rows=1)
+    (t,) = decode_tensors(replies.ok(LiveRequest(entry, 0), 0.0)[1])
+    np.testing.assert_array_equal(t.as_numpy(), out["y"])
 
 
 def test_error_reply_flattens_the_message() -> None:

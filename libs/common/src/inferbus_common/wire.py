@@ -27,10 +27,12 @@ more ``str mirror_subject``; batches without one stay byte-identical to IBB1.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from inferbus_common.codec import Buffer, Tensor
+import numpy as np
+
+from inferbus_common.codec import Buffer, Tensor, numpy_to_raw, tensor_from_numpy
 from inferbus_common.datatypes import CODE_DATATYPES, DATATYPE_CODES
 from inferbus_common.errors import InvalidArgument
 
@@ -42,6 +44,7 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _DESC_TAIL = struct.Struct("<BB")
 _U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
 _ENTRY_NUMS = struct.Struct("<qqI")
 _MAX_NDIM = 32
 
@@ -64,6 +67,82 @@ def encode_tensors(tensors: Sequence[Tensor]) -> bytes:
         head.append(_U64.pack(nbytes))
         datas.append(t.data)
     return b"".join([*head, *datas])
+
+
+class RowFrames:
+    """Tensor frames of row ranges of the same arrays: one reply body per request.
+
+    Built once per batch from the engine's outputs (first axis = rows): each
+    array's descriptor and little-endian bytes are prepared once, so the
+    frame of rows ``[start, stop)`` is a few slices and a join instead of a
+    numpy conversion and a full encode per request. Frames are byte-identical
+    to ``encode_tensors`` of `tensor_from_numpy` of the row slices (BYTES and
+    0-d arrays take that path per frame).
+
+    Args:
+        arrays: name → array, in the order frames list them by default.
+    """
+
+    __slots__ = ("_arrays", "_fixed")
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self._arrays = arrays
+        # name → (descriptor head, packed dims after the first, rows, bytes per row, raw)
+        self._fixed: dict[str, tuple[bytes, bytes, int, int, memoryview]] = {}
+        for name, arr in arrays.items():
+            if arr.ndim == 0 or arr.dtype.kind in "OSU":
+                continue
+            try:
+                datatype, shape, data = numpy_to_raw(arr)
+            except InvalidArgument:
+                continue  # no V2 datatype: each frame raises it, as encoding the slice does
+            raw = memoryview(data)
+            encoded = name.encode("utf-8")
+            head = b"".join(
+                [
+                    _U16.pack(len(encoded)),
+                    encoded,
+                    _DESC_TAIL.pack(DATATYPE_CODES[datatype], len(shape)),
+                ]
+            )
+            rest = struct.pack(f"<{len(shape) - 1}q", *shape[1:])
+            rows = shape[0]
+            self._fixed[name] = (head, rest, rows, raw.nbytes // rows if rows else 0, raw)
+
+    def frame(self, names: Sequence[str], start: int, stop: int, *, sliced: bool = True) -> bytes:
+        """The tensor frame of `names` (each in `arrays`), rows ``[start, stop)``.
+
+        With ``sliced=False`` every tensor is whole (a model without a batch axis).
+        """
+        parts: list[Buffer] = [TENSOR_MAGIC, _U16.pack(len(names))]
+        datas: list[Buffer] = []
+        for name in names:
+            fixed = self._fixed.get(name)
+            if fixed is None:
+                arr = self._arrays[name]
+                t = tensor_from_numpy(name, arr[start:stop] if sliced else arr)
+                encoded = t.name.encode("utf-8")
+                parts.append(_U16.pack(len(encoded)))
+                parts.append(encoded)
+                parts.append(_DESC_TAIL.pack(DATATYPE_CODES[t.datatype], len(t.shape)))
+                parts.append(struct.pack(f"<{len(t.shape)}q", *t.shape))
+                parts.append(_U64.pack(memoryview(t.data).nbytes))
+                datas.append(t.data)
+                continue
+            head, rest, rows, row_bytes, raw = fixed
+            if sliced:
+                # Numpy's clipping of arr[start:stop] for start, stop >= 0.
+                lo = min(start, rows)
+                hi = max(lo, min(stop, rows))
+                data = raw[lo * row_bytes : hi * row_bytes]
+            else:
+                lo, hi, data = 0, rows, raw
+            parts.append(head)
+            parts.append(_I64.pack(hi - lo))
+            parts.append(rest)
+            parts.append(_U64.pack(data.nbytes))
+            datas.append(data)
+        return b"".join([*parts, *datas])
 
 
 def _decode_tensors_at(view: memoryview, offset: int) -> tuple[list[Tensor], int]:

@@ -74,6 +74,7 @@ class QueueMetrics:
     """
 
     __slots__ = (
+        "_depth",
         "_model",
         "_version",
         "batch_requests",
@@ -91,6 +92,14 @@ class QueueMetrics:
         self.batch_requests = BATCH_REQUESTS.labels(model, version)
         self.queue_time = QUEUE_TIME.labels(model, version)
         self.published = BATCHES_PUBLISHED.labels(model, version)
+        self._depth: int | None = None
+
+    def set_depth(self, depth: int) -> None:
+        """Show the queue's depth; the gauge is only written when it changed
+        (the batcher reports it after every arrival and dispatch)."""
+        if depth != self._depth:
+            self._depth = depth
+            self.depth.set(depth)
 
     def rejected(self, reason: str, count: int = 1) -> None:
         """Count `count` requests answered with an error for `reason`."""

@@ -58,6 +58,7 @@ from inferbus_common.errors import (
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.subjects import Subjects, name_from_token
+from inferbus_common.validation import RequestChecker
 from inferbus_common.wire import batch_signature, decode_tensors, encode_batch, join_tensors
 
 if TYPE_CHECKING:
@@ -89,6 +90,8 @@ class _QueueState:
     queue: ModelQueue
     subject: str
     metrics: QueueMetrics
+    checker: RequestChecker
+    """Validates requests against the queue's current config."""
     timer: asyncio.TimerHandle | None = None
     timer_at: int | None = None
     idle_credits: int = 0
@@ -254,7 +257,7 @@ class Batcher:
             log.warning("drain timed out; answering what is left UNAVAILABLE")
             for state in list(self._queues.values()):
                 left = state.queue.drain_all()
-                state.metrics.depth.set(0)
+                state.metrics.set_depth(0)
                 await self._answer_many(
                     state,
                     left,
@@ -382,6 +385,7 @@ class Batcher:
         elif state.queue.config is not config:
             # The registry re-published the version: new batching knobs or pool.
             state.queue.configure(config)
+            state.checker = RequestChecker(config)
             state.subject = self._subjects.batch(config.pool, model, version)
         return state
 
@@ -390,7 +394,6 @@ class Batcher:
     ) -> PendingRequest:
         """Check a request against its deadline and model config; build its queue entry."""
         queue = state.queue
-        config = queue.config
         model, version = queue.model, queue.version
         now_wall = time.time_ns()
         raw_deadline = hdrs.get(h.DEADLINE)
@@ -411,7 +414,9 @@ class Batcher:
         tensors = decode_tensors(msg.data)
         raw_outputs = hdrs.get(h.OUTPUTS, "")
         outputs = tuple(o for o in raw_outputs.split(",") if o) if raw_outputs else ()
-        config.validate_request(tensors, outputs)
+        # The gateway validated too; the batcher cannot trust that (anyone may
+        # publish to its subject), but a layout that passed is not checked again.
+        state.checker.check(tensors, outputs)
         # Unbatched models (max_batch_size 0) still report their first dim as
         # rows, so a micro-batch's dims[0] always equals the sum of its rows.
         rows = tensors[0].shape[0] if tensors[0].shape else 1
@@ -439,6 +444,7 @@ class Batcher:
             queue=ModelQueue(model, version, config),
             subject=self._subjects.batch(config.pool, model, version),
             metrics=QueueMetrics(model, version),
+            checker=RequestChecker(config),
         )
         self._queues[(model, version)] = state
         return state
@@ -494,7 +500,7 @@ class Batcher:
         if out.limited:
             self._blocked.add(state)
         self._arm(state)
-        state.metrics.depth.set(queue.depth)
+        state.metrics.set_depth(queue.depth)
         if out.expired:
             await self._answer_many(
                 state,

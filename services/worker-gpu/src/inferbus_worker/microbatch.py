@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from inferbus_common import headers as h
-from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.errors import InvalidArgument, StatusCode
 from inferbus_common.modelconfig import ModelConfig
-from inferbus_common.wire import BatchEntry, MicroBatch, encode_tensors
+from inferbus_common.validation import RequestChecker
+from inferbus_common.wire import BatchEntry, MicroBatch, RowFrames
 
 
 @dataclass(slots=True)
@@ -50,18 +50,26 @@ def split_expired(batch: MicroBatch, now_ns: int) -> tuple[list[int], list[int]]
 
 
 def gather_inputs(
-    config: ModelConfig, batch: MicroBatch, live: Sequence[int]
+    config: ModelConfig,
+    batch: MicroBatch,
+    live: Sequence[int],
+    checker: RequestChecker | None = None,
 ) -> tuple[dict[str, np.ndarray], list[LiveRequest]]:
     """Engine inputs holding only the rows of the `live` entries.
 
     Inputs are zero-copy views of the message bytes when every entry is live
     or the live ones are contiguous; only a batch with holes is copied.
+    `checker` (bound to `config`) skips re-validating tensor layouts that
+    passed before; without it the tensors are validated in full.
 
     Raises:
         InvalidArgument: the tensors do not match the model, or the rows the
             entries claim do not add up to the tensors' batch axis.
     """
-    config.validate_request(batch.tensors)
+    if checker is not None:
+        checker.check(batch.tensors)
+    else:
+        config.validate_request(batch.tensors)
     batched = config.max_batch_size > 0
     if not batched and len(batch.entries) != 1:
         raise InvalidArgument(
@@ -109,6 +117,86 @@ class ReplyContext:
     digest: str
 
 
+class BatchReplies:
+    """The OK replies of one engine execution, one request at a time.
+
+    What all replies of the execution share (the outputs' tensor layout, the
+    compute and stage timings, the batch size) is prepared once; `ok` then
+    costs a few slices per request.
+
+    Args:
+        ctx: the version's reply context.
+        outputs: the engine's outputs for the whole execution.
+        batched: whether the model has a batch axis (requests get their rows).
+        compute_ms: engine time of the execution.
+        batch_rows: rows in the execution.
+        stages_ms: further stage timings (e.g. ``pre`` and ``post``).
+    """
+
+    __slots__ = (
+        "_batch_rows",
+        "_batched",
+        "_ctx",
+        "_frames",
+        "_names",
+        "_outputs",
+        "_timings",
+        "_timings_all",
+    )
+
+    def __init__(
+        self,
+        ctx: ReplyContext,
+        outputs: Mapping[str, np.ndarray],
+        *,
+        batched: bool,
+        compute_ms: float,
+        batch_rows: int,
+        stages_ms: Mapping[str, float] | None = None,
+    ) -> None:
+        self._ctx = ctx
+        self._outputs = outputs
+        self._names = tuple(outputs)
+        self._batched = batched
+        self._frames = RowFrames(outputs)
+        self._batch_rows = str(batch_rows)
+        # Everything after the per-request queue time, formatted once.
+        timings = {"compute": compute_ms, **(stages_ms or {})}
+        self._timings_all = timings
+        self._timings = (
+            "".join(f";{k}={v:.3f}" for k, v in timings.items()) if "queue" not in timings else None
+        )
+
+    def ok(self, request: LiveRequest, queue_ms: float) -> tuple[dict[str, str], bytes]:
+        """Headers and body answering one computed request (see `ok_reply`).
+
+        Raises:
+            InvalidArgument: the request asked for an output the model lacks.
+        """
+        outputs = self._outputs
+        wanted = request.entry.outputs or self._names
+        for name in wanted:
+            if name not in outputs:
+                unknown = [n for n in wanted if n not in outputs]
+                raise InvalidArgument(
+                    f"unknown output(s) {unknown}; the model has {sorted(outputs)}"
+                )
+        body = self._frames.frame(wanted, request.start, request.stop, sliced=self._batched)
+        ctx = self._ctx
+        headers = {
+            h.REQUEST_ID: request.entry.request_id,
+            h.VERSION: ctx.version,
+            h.DIGEST: ctx.digest,
+            h.TIMINGS: f"queue={queue_ms:.3f}{self._timings}"
+            if self._timings is not None
+            else h.format_timings({"queue": queue_ms, **self._timings_all}),
+            h.BATCH_SIZE: self._batch_rows,
+        }
+        if request.entry.traceparent:
+            headers[h.TRACEPARENT] = request.entry.traceparent
+        return headers, body
+
+
 def ok_reply(
     ctx: ReplyContext,
     request: LiveRequest,
@@ -124,32 +212,21 @@ def ok_reply(
 
     The body holds the request's rows of the outputs it asked for (all when
     it named none), as a tensor frame. `stages_ms` adds stage timings (e.g.
-    ``pre`` and ``post`` processing) to queue and compute.
+    ``pre`` and ``post`` processing) to queue and compute. For many requests
+    of one execution, `BatchReplies` does the shared work once.
 
     Raises:
         InvalidArgument: the request asked for an output the model lacks.
     """
-    wanted = request.entry.outputs or tuple(outputs)
-    unknown = [n for n in wanted if n not in outputs]
-    if unknown:
-        raise InvalidArgument(f"unknown output(s) {unknown}; the model has {sorted(outputs)}")
-    tensors = []
-    for name in wanted:
-        arr = outputs[name]
-        part = arr[request.start : request.stop] if batched else arr
-        tensors.append(tensor_from_numpy(name, part))
-    headers = {
-        h.REQUEST_ID: request.entry.request_id,
-        h.VERSION: ctx.version,
-        h.DIGEST: ctx.digest,
-        h.TIMINGS: h.format_timings(
-            {"queue": queue_ms, "compute": compute_ms, **(stages_ms or {})}
-        ),
-        h.BATCH_SIZE: str(batch_rows),
-    }
-    if request.entry.traceparent:
-        headers[h.TRACEPARENT] = request.entry.traceparent
-    return headers, encode_tensors(tensors)
+    replies = BatchReplies(
+        ctx,
+        outputs,
+        batched=batched,
+        compute_ms=compute_ms,
+        batch_rows=batch_rows,
+        stages_ms=stages_ms,
+    )
+    return replies.ok(request, queue_ms)
 
 
 def error_reply(

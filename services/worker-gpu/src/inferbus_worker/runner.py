@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -71,6 +72,7 @@ from inferbus_common import tracing
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import InvalidArgument, StatusCode
 from inferbus_common.subjects import Subjects
+from inferbus_common.validation import RequestChecker
 from inferbus_common.wire import (
     BatchEntry,
     FrameError,
@@ -82,11 +84,11 @@ from inferbus_common.wire import (
 from inferbus_worker import metrics
 from inferbus_worker.engines import Engine, EngineError, EngineInputError, TensorRTEngine
 from inferbus_worker.microbatch import (
+    BatchReplies,
     LiveRequest,
     ReplyContext,
     error_reply,
     gather_inputs,
-    ok_reply,
     split_expired,
 )
 from inferbus_worker.processing import Processing
@@ -110,6 +112,12 @@ def runs_on_gpu(engine: Engine) -> bool:
         return True
     providers = getattr(engine, "providers", None) or []
     return any(p in _GPU_PROVIDERS for p in providers)
+
+
+@functools.lru_cache(maxsize=64)
+def _no_wait_request(count: int) -> bytes:
+    """The body of a JetStream no-wait pull for `count` messages (encoded once per count)."""
+    return json.dumps({"batch": count, "no_wait": True}).encode()
 
 
 class InlineRuns:
@@ -195,6 +203,9 @@ class ModelRunner:
         self._settings = settings
         self.deployed = deployed
         self._config = deployed.config
+        # Micro-batches were validated request by request in the batcher, but the
+        # work queue is not trusted; layouts that passed are not checked again.
+        self._checker = RequestChecker(deployed.config)
         self._engine = engine
         self._slots = deployed.config.instance_count
         self._free = self._slots
@@ -344,7 +355,7 @@ class ModelRunner:
         """
         assert self._psub is not None
         psub = self._psub
-        request = json.dumps({"batch": count, "no_wait": True}).encode()
+        request = _no_wait_request(count)
         out: list[Msg] = []
         try:
             await self._nc.publish(psub._nms, request, psub._deliver)
@@ -534,7 +545,7 @@ class ModelRunner:
             return True
         live_entries = [batch.entries[i] for i in live_idx]
         try:
-            inputs, requests = gather_inputs(self._config, batch, live_idx)
+            inputs, requests = gather_inputs(self._config, batch, live_idx, self._checker)
         except InvalidArgument as exc:
             if split_on_reject:
                 return False
@@ -690,29 +701,40 @@ class ModelRunner:
         *,
         stages: dict[str, float] | None = None,
     ) -> None:
-        batched = self._config.max_batch_size > 0
-        for r in requests:
-            queue_ms = (
-                max(0.0, (start_ns - r.entry.enqueued_ns) / 1e6) if r.entry.enqueued_ns else 0.0
-            )
-            try:
-                headers, body = ok_reply(
-                    self._reply_ctx,
-                    r,
-                    outputs,
-                    batched=batched,
-                    queue_ms=queue_ms,
-                    compute_ms=compute_s * 1000,
-                    batch_rows=rows,
-                    stages_ms=stages,
+        replies = BatchReplies(
+            self._reply_ctx,
+            outputs,
+            batched=self._config.max_batch_size > 0,
+            compute_ms=compute_s * 1000,
+            batch_rows=rows,
+            stages_ms=stages,
+        )
+        publish = self._nc.publish
+        sent = 0
+        try:
+            for r in requests:
+                entry = r.entry
+                queue_ms = (
+                    max(0.0, (start_ns - entry.enqueued_ns) / 1e6) if entry.enqueued_ns else 0.0
                 )
-            except InvalidArgument as exc:
-                headers, body = error_reply(
-                    self._reply_ctx, r.entry, StatusCode.INVALID_ARGUMENT, exc.message
-                )
-                await self._reply(r.entry, headers, body, StatusCode.INVALID_ARGUMENT.name)
-                continue
-            await self._reply(r.entry, headers, body, "OK")
+                try:
+                    headers, body = replies.ok(r, queue_ms)
+                except InvalidArgument as exc:
+                    headers, body = error_reply(
+                        self._reply_ctx, entry, StatusCode.INVALID_ARGUMENT, exc.message
+                    )
+                    await self._reply(entry, headers, body, StatusCode.INVALID_ARGUMENT.name)
+                    continue
+                # `_reply` inlined, with the OK replies counted once per execution.
+                if entry.reply:
+                    await publish(entry.reply, body, headers=headers)
+                if entry.mirror:
+                    # Shadow compare: the router's copy goes out after the client's reply.
+                    await publish(entry.mirror, body, headers=headers)
+                sent += 1
+        finally:
+            if sent:
+                self._metric(metrics.REPLIES, status="OK").inc(sent)
 
     async def _poison(
         self, msgs: list[Msg], entries: list[BatchEntry], code: StatusCode, message: str
