@@ -3,7 +3,8 @@
 Real uvicorn on a loopback socket (disconnects are TCP closes, not an ASGI
 transport's bookkeeping), real nats-server; the test answers on the route
 subject like an LLM worker that never finishes on its own, and records the
-cancel the gateway publishes on ``ib.gencancel.<request id>``.
+cancel the gateway publishes on ``ib.gencancel.<request id>``. Like a worker,
+the stand-in only acts on a cancel for a request it holds.
 """
 
 from __future__ import annotations
@@ -40,15 +41,25 @@ class Endless:
 
     url: str
     cancelled: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+    """Every cancel received, held request or not."""
+    stopped: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+    """Requests whose generation a cancel stopped."""
     sent: dict[str, int] = field(default_factory=dict)
+    first_after_s: float = 0.0
+    """Delay of a held request's first chunk (as a request queued in the engine)."""
+    take_after_cancel: bool = False
+    """Hold a request only once its cancel went by (a request slower on its way
+    through the router than its cancel, which goes to the workers directly)."""
 
 
 @pytest.fixture
 async def endless(nats_client: Client) -> AsyncIterator[Endless]:
     tasks: dict[str, asyncio.Task[None]] = {}
+    waiting: dict[str, str] = {}
     box: list[Endless] = []
 
     async def stream(request_id: str, reply: str) -> None:
+        await asyncio.sleep(box[0].first_after_s)
         seq = 0
         while True:
             chunk = GenerationChunk(text="tok ", tokens=1)
@@ -61,13 +72,19 @@ async def endless(nats_client: Client) -> AsyncIterator[Endless]:
     async def on_request(msg: Msg) -> None:
         headers = msg.headers or {}
         rid = headers[h.REQUEST_ID]
-        tasks[rid] = asyncio.create_task(stream(rid, headers[h.REPLY]))
+        if box[0].take_after_cancel:
+            waiting[rid] = headers[h.REPLY]
+        else:
+            tasks[rid] = asyncio.create_task(stream(rid, headers[h.REPLY]))
 
     async def on_cancel(msg: Msg) -> None:
         rid = msg.subject.rsplit(".", 1)[-1]
         task = tasks.pop(rid, None)
         if task is not None:
             task.cancel()
+            await box[0].stopped.put(rid)
+        elif rid in waiting:  # this cancel is lost; the request arrives after it
+            tasks[rid] = asyncio.create_task(stream(rid, waiting.pop(rid)))
         await box[0].cancelled.put(rid)
 
     subs = [
@@ -148,3 +165,37 @@ async def test_a_non_streamed_request_is_cancelled_when_its_client_leaves(
         assert resp.status_code == 200 and resp.json()["data"][0]["id"] == "llm"
     with contextlib.suppress(asyncio.QueueEmpty):
         assert endless.cancelled.get_nowait() != rid  # exactly one cancel per request
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_a_client_that_leaves_before_the_first_chunk_cancels_at_once(
+    endless: Endless, stream: bool
+) -> None:
+    """A request that waits for its first chunk (queued in the engine behind
+    running ones, or a slow prefill) is cancelled when its client leaves, not
+    when that chunk comes. Nothing is sent to a client before it, streamed or not."""
+    endless.first_after_s = 60.0
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=0.3)) as http:
+        with pytest.raises(httpx.ReadTimeout):  # httpx closes the connection
+            await http.post(f"{endless.url}/v1/chat/completions", json={**BODY, "stream": stream})
+    rid = await _cancelled_within(endless, 5.0)
+    assert endless.stopped.get_nowait() == rid  # the stand-in held it: the cancel stopped it
+    assert rid not in endless.sent  # before its first chunk
+
+
+async def test_a_cancel_that_overtakes_its_request_is_sent_again(endless: Endless) -> None:
+    """The cancel of a request that no worker held yet is lost; the gateway sends
+    it again when the request's first chunk comes, so it is not generated to the
+    end for nobody."""
+    endless.take_after_cancel = True
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=0.3)) as http:
+        with pytest.raises(httpx.ReadTimeout):  # httpx closes the connection
+            await http.post(f"{endless.url}/v1/chat/completions", json=BODY)
+    rid = await _cancelled_within(endless, 5.0)
+    assert endless.stopped.empty()  # the first cancel found nothing to stop
+    async with asyncio.timeout(5.0):
+        assert await endless.stopped.get() == rid
+    assert endless.cancelled.get_nowait() == rid  # the second cancel stopped it
+    sent = endless.sent[rid]
+    await asyncio.sleep(0.1)
+    assert endless.sent[rid] == sent  # the stand-in stopped: nothing more generated

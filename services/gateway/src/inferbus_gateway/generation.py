@@ -81,13 +81,17 @@ GEN_TOKENS_PER_SECOND = Histogram(
 )
 GEN_CANCELS = Counter(
     "inferbus_gateway_gen_cancels_total",
-    "Cancels published to workers, by why (client-gone, deadline, gap).",
+    "Cancels published to workers, by why (client-gone, deadline, gap; late: sent again "
+    "because the first one went out before any worker held the request).",
     ["why"],
 )
 GEN_GAPS = Counter(
     "inferbus_gateway_gen_stream_gaps_total",
     "Streams failed because a chunk never arrived (sequence gap).",
 )
+
+MAX_UNANSWERED = 10_000
+"""Streams cancelled before any message came that a gateway watches for a late chunk."""
 
 
 class ChunkStream:
@@ -106,9 +110,12 @@ class ChunkStream:
         self._window = window
         self._gap_timeout_s = gap_timeout_s
         self.version = ""
+        self.received = False
+        """Whether any message came (then a worker, or the router, holds the request)."""
 
     def feed(self, msg: Msg) -> None:
         """Called by the dispatcher for every message on this request's inbox."""
+        self.received = True
         self._queue.put_nowait(msg)
 
     async def _next_message(self, timeout_s: float) -> Msg | None:
@@ -193,6 +200,8 @@ class GenerationDispatcher:
         self.subjects = subjects
         self._inbox = f"{subjects.reply_inbox(instance)}.gen"
         self._streams: dict[str, ChunkStream] = {}
+        self._unanswered: dict[str, tuple[str, int]] = {}
+        """Streams cancelled before any message came: token → (request id, until ns)."""
         self._tokens = itertools.count(1)
         self._sub: Subscription | None = None
 
@@ -218,9 +227,20 @@ class GenerationDispatcher:
         return len(self._streams)
 
     async def _on_chunk(self, msg: Msg) -> None:
-        stream = self._streams.get(msg.subject[len(self._inbox) + 1 :])
+        token = msg.subject[len(self._inbox) + 1 :]
+        stream = self._streams.get(token)
         if stream is not None:
             stream.feed(msg)
+            return
+        unanswered = self._unanswered.pop(token, None)
+        headers = msg.headers or {}
+        if unanswered is not None and h.SEQ in headers and headers.get(h.FINAL) != "1":
+            # A worker took the request after its cancel went by: cancel it again.
+            GEN_CANCELS.labels("late").inc()
+            try:
+                await self.publish(self.subjects.gen_cancel(unanswered[0]), b"", {})
+            except Exception as exc:  # the worker then stops at the request's deadline
+                log.warning("could not publish the cancel of %s: %s", unanswered[0], exc)
 
     def open(self) -> tuple[str, ChunkStream]:
         """A fresh reply subject and the stream its chunks go to."""
@@ -232,6 +252,25 @@ class GenerationDispatcher:
     def close(self, reply: str) -> None:
         """Forget a stream (late chunks are dropped)."""
         self._streams.pop(reply.rsplit(".", 1)[-1], None)
+
+    def close_unanswered(self, reply: str, request_id: str, until_ns: int) -> None:
+        """Forget a stream cancelled before any message came; cancel again on its first.
+
+        The request goes to the workers through the router, its cancel straight
+        to them: the cancel can arrive before any worker holds the request, and
+        is then lost. A first chunk that still comes (before `until_ns`, the
+        request's deadline, when the worker stops by itself) gets the cancel
+        published once more. At most `MAX_UNANSWERED` are remembered.
+        """
+        token = reply.rsplit(".", 1)[-1]
+        self._streams.pop(token, None)
+        now = time.time_ns()
+        while self._unanswered:
+            oldest = next(iter(self._unanswered))
+            if self._unanswered[oldest][1] > now and len(self._unanswered) < MAX_UNANSWERED:
+                break
+            del self._unanswered[oldest]
+        self._unanswered[token] = (request_id, until_ns)
 
     async def publish(self, subject: str, body: bytes, headers: dict[str, str]) -> None:
         """Publish on the bus (the request, or a cancel)."""
@@ -320,7 +359,10 @@ class GenerationCall:
             why = {"DEADLINE_EXCEEDED": "deadline", "UNAVAILABLE": "gap"}.get(status, "")
             raise
         finally:
-            svc.dispatcher.close(self._reply)
+            if why and status != "OK" and not self._stream.received:
+                svc.dispatcher.close_unanswered(self._reply, self.request_id, self._deadline_ns)
+            else:
+                svc.dispatcher.close(self._reply)
             GEN_REQUESTS.labels(self.model, status).inc()
             GEN_TOKENS.labels(self.model, "prompt").inc(self.prompt_tokens)
             GEN_TOKENS.labels(self.model, "completion").inc(self.completion_tokens)

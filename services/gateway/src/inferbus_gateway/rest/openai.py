@@ -13,6 +13,10 @@ sent as one ``data: {"error": ...}`` event before ``[DONE]``. The first chunk is
 awaited before the response starts, so an overloaded worker's refusal is a real
 429, not an event inside a 200 stream.
 
+A client that closes its connection cancels its request in the worker (and so
+in vLLM) whenever it leaves: while its request waits for the first chunk,
+while a non-streamed answer is collected, or mid-stream.
+
 Extensions: ``ignore_eos`` (vLLM's), the ``inferbus-timeout-ms`` header (the
 request's deadline, as for V2) and ``x-request-id`` (the request id).
 
@@ -322,10 +326,11 @@ class _ClientGone(asyncio.CancelledError):
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await `work`, cancelling it if the client disconnects first.
 
-    A streamed answer learns this from Starlette (it watches for
-    ``http.disconnect``); a non-streamed one would otherwise generate to the
-    end for nobody. Cancelling the collection publishes the cancel, so vLLM
-    frees the sequence's KV cache at once.
+    Used from the moment a request is published: for the wait for the first
+    chunk (a request may wait in the engine behind running ones) and for the
+    whole of a non-streamed answer. Once a stream has started, Starlette
+    watches for ``http.disconnect`` instead. Cancelling the chunk iteration
+    publishes the cancel, so vLLM frees the sequence's KV cache at once.
 
     Raises:
         _ClientGone: the client left first.
@@ -428,29 +433,20 @@ def openai_routes(service: GenerationService) -> list[Route]:
             return _error(exc)
         _answered(scope, call)
         chunks = call.chunks()
-        try:
-            # Wait for the first chunk: a refusal (429 from a full worker) or an
-            # error is then a proper HTTP status, not an event in a 200 stream.
-            first: GenerationChunk | None = await anext(chunks)
-        except StopAsyncIteration:
-            first = None
-        except InferbusError as exc:
-            await chunks.aclose()
-            scope.response = None
-            ending.finish(exc)
-            return _error(exc)
-        headers = {REQUEST_ID_HEADER: call.request_id}
-        if stream:
-            headers["Cache-Control"] = "no-cache"
-            events = _events(call, kind, first, chunks, include_usage, ending)
-            return _EventStream(events, headers, ending)
-        parts = [first.text] if first is not None else []
-        finish = first.finish_reason if first is not None else None
+        parts: list[str] = []
+
+        async def first_chunk() -> GenerationChunk | None:
+            # Waited for before a stream starts: a refusal (429 from a full worker)
+            # or an error is then a proper HTTP status, not an event in a 200 stream.
+            try:
+                return await anext(chunks)
+            except StopAsyncIteration:
+                return None
 
         async def collect() -> str | None:
             # To the end (the stream ends right after the final chunk), so the call
             # counts as answered rather than cancelled.
-            last = finish
+            last = None
             try:
                 async for chunk in chunks:
                     parts.append(chunk.text)
@@ -459,8 +455,17 @@ def openai_routes(service: GenerationService) -> list[Route]:
                 await chunks.aclose()
             return last
 
+        # The client is watched from here on, not from the first chunk: a request
+        # queued in the engine behind running ones, or a slow first token, would
+        # otherwise be generated on for a client that left (and only cancelled
+        # once its first chunk came, seconds or minutes later).
+        first: GenerationChunk | None = None
+        finish: str | None = None
         try:
-            finish = await _unless_disconnected(request, collect())
+            if stream:
+                first = await _unless_disconnected(request, first_chunk())
+            else:
+                finish = await _unless_disconnected(request, collect())
         except InferbusError as exc:
             scope.response = None
             ending.finish(exc)
@@ -469,6 +474,11 @@ def openai_routes(service: GenerationService) -> list[Route]:
             scope.response = None
             ending.finish(exc)
             return Response(status_code=499)  # nobody reads it; uvicorn drops it
+        headers = {REQUEST_ID_HEADER: call.request_id}
+        if stream:
+            headers["Cache-Control"] = "no-cache"
+            events = _events(call, kind, first, chunks, include_usage, ending)
+            return _EventStream(events, headers, ending)
         _answered(scope, call)
         ending.finish(None)
         text = "".join(parts)
