@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,12 +26,17 @@ import pytest
 import redis
 from tokenizers import Tokenizer
 
+from inferbus_testing.llm import (
+    TINY_LLM,
+    VLLM_PYTHON,
+    build_tiny_llm,
+    start_llm_worker,
+    wait_llm_ready,
+)
 from inferbus_testing.processes import ServiceProcess
 from inferbus_testing.stack import LocalStack
 
-REPO = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = REPO / ".venvs" / "vllm" / "bin" / "python"
-MODEL = "tiny-llm"
+MODEL = TINY_LLM
 MAX_NUM_SEQS = 2
 MAX_WAITING = 1
 BOUND = MAX_NUM_SEQS + MAX_WAITING
@@ -68,54 +72,17 @@ def _wait(predicate, timeout: float, what: str, step: float = 0.05, show=None) -
 @pytest.fixture(scope="module")
 def llm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlmStack]:
     base = tmp_path_factory.mktemp("llm-stack")
-    model_dir = base / "tiny-llm"
-    subprocess.run(
-        [
-            str(VLLM_PYTHON),
-            str(REPO / "examples/tiny-llm/build.py"),
-            "--out",
-            str(model_dir),
-            "--max-num-seqs",
-            str(MAX_NUM_SEQS),
-            "--max-waiting",
-            str(MAX_WAITING),
-            # Room for a generation long enough to be interrupted mid-way even when
-            # the engine outpaces the client (see the disconnect test).
-            "--max-len",
-            "16384",
-        ],
-        check=True,
-        capture_output=True,
+    # Room for a generation long enough to be interrupted mid-way even when the
+    # engine outpaces the client (see the disconnect test).
+    model_dir = build_tiny_llm(
+        base / MODEL, max_num_seqs=MAX_NUM_SEQS, max_waiting=MAX_WAITING, max_len=16384
     )
     st = LlmStack(base, workers=0, with_redis=True)
     st.model_dir = model_dir
     with st:
         st.push(model_dir, MODEL)
-        assert st.nats is not None
-        st.llm = ServiceProcess(
-            "inferbus_worker.llm",
-            env_prefix="INFERBUS_LLM_",
-            python=str(VLLM_PYTHON),
-            name="llm-worker",
-            log_dir=base,
-            env={
-                "INFERBUS_LLM_NATS_URL": st.nats.url,
-                "INFERBUS_LLM_METRICS_PORT": "0",
-                "INFERBUS_LLM_REGISTRY_URL": st.registry_url,
-                "INFERBUS_LLM_CACHE_DIR": str(base / "llm-cache"),
-                "INFERBUS_LLM_DEVICE": "cpu",
-            },
-        )
-        st.procs["llm-worker"] = st.llm
-        st.llm.start(timeout=90)
-        url = f"http://{st.http_url}/v2/models/{MODEL}/ready"
-
-        def ready() -> bool:
-            if not st.llm.running:
-                raise RuntimeError(f"LLM worker exited:\n{st.llm.log_tail()}")
-            return httpx.get(url, timeout=2).status_code == 200
-
-        _wait(ready, 150, "tiny-llm ready", step=0.2)
+        st.llm = start_llm_worker(st, base)
+        wait_llm_ready(st, st.llm, MODEL)
         yield st
 
 
