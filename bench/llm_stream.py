@@ -108,14 +108,27 @@ def cpu_seconds(stack: LocalStack, worker: ServiceProcess) -> dict[str, float]:
     }
 
 
-def worker_counts(stack: LocalStack, worker: ServiceProcess) -> tuple[float, float]:
-    """(tokens generated, OK requests) so far, from the worker's /metrics."""
+def worker_counts(stack: LocalStack, worker: ServiceProcess) -> tuple[float, ...]:
+    """(tokens generated, OK requests, TTFT sum and count at the worker, the same at
+    the gateway) so far, from the services' /metrics."""
     m = stack.metrics(worker)
+    g = stack.metrics(stack.gateway)
     labels = f"model={MODEL},version=1"
+    ttft = "inferbus_llm_time_to_first_token_seconds"
+    gw_ttft = "inferbus_gateway_gen_time_to_first_token_seconds"
+    gw_labels = f"model={MODEL}"
     return (
         m.get(f"inferbus_llm_generated_tokens_total{{{labels}}}", 0.0),
         m.get(f"inferbus_llm_requests_total{{{labels},status=OK}}", 0.0),
+        m.get(f"{ttft}_sum{{{labels}}}", 0.0),
+        m.get(f"{ttft}_count{{{labels}}}", 0.0),
+        sum(v for k, v in g.items() if k.startswith(f"{gw_ttft}_sum{{") and gw_labels in k),
+        sum(v for k, v in g.items() if k.startswith(f"{gw_ttft}_count{{") and gw_labels in k),
     )
+
+
+def _mean_ms(total: float, count: float) -> float:
+    return round(total / count * 1000, 1) if count else 0.0
 
 
 async def measure(stack: LocalStack, worker: ServiceProcess, k: int, max_tokens: int) -> dict:
@@ -136,6 +149,10 @@ async def measure(stack: LocalStack, worker: ServiceProcess, k: int, max_tokens:
     row.update(
         worker_tokens=after[0] - before[0],
         worker_ok_requests=after[1] - before[1],
+        # Where the client's TTFT goes: from the request reaching the worker, and
+        # from the gateway publishing it, to the first token (means).
+        worker_ttft_mean_ms=_mean_ms(after[2] - before[2], after[3] - before[3]),
+        gateway_ttft_mean_ms=_mean_ms(after[4] - before[4], after[5] - before[5]),
     )
     return row
 
@@ -301,6 +318,8 @@ def main() -> None:
         "client_tokens_per_s",
         "per_stream_tokens_per_s",
         "ttft_p50_ms",
+        "gateway_ttft_mean_ms",
+        "worker_ttft_mean_ms",
         "client_events_per_s",
         "tokens_per_event",
         "client_tokens",
