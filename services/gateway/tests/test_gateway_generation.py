@@ -178,3 +178,48 @@ async def test_stream_deadline(nats_client) -> None:
                     pass
     finally:
         await dispatcher.stop()
+
+
+async def test_a_cancel_that_overtook_its_request_is_sent_again_once(
+    nats_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streams cancelled before any message came are remembered until their
+    deadline, at most MAX_UNANSWERED of them: a first chunk then gets the cancel
+    once more; a final chunk, an expired or an evicted stream gets nothing."""
+    from inferbus_gateway import generation
+
+    monkeypatch.setattr(generation, "MAX_UNANSWERED", 2)
+    subjects = Subjects("ib")
+    dispatcher = GenerationDispatcher(nats_client, subjects, "gw-test")
+    await dispatcher.start()
+    cancels: list[str] = []
+
+    async def on_cancel(msg) -> None:
+        cancels.append(msg.subject.rsplit(".", 1)[-1])
+
+    await nats_client.subscribe(subjects.gen_cancel_all, cb=on_cancel)
+    later = h.deadline_from_timeout(30.0)
+    try:
+        replies = {}
+        for rid, until in [("gone", h.deadline_from_timeout(-1.0)), ("a", later), ("b", later)]:
+            reply, _ = dispatcher.open()
+            dispatcher.close_unanswered(reply, rid, until)
+            replies[rid] = reply
+        # Inserting "b" evicted the expired "gone"; then a third evicts the oldest.
+        reply, _ = dispatcher.open()
+        dispatcher.close_unanswered(reply, "c", later)
+        replies["c"] = reply
+        await nats_client.flush()
+
+        async def chunk(rid: str, final: bool = False) -> None:
+            headers = {h.SEQ: "0", **({h.FINAL: "1"} if final else {})}
+            await nats_client.publish(replies[rid], b"{}", headers=headers)
+
+        for rid in ("gone", "a", "c", "c"):
+            await chunk(rid)
+        await chunk("b", final=True)  # the worker already finished: nothing to cancel
+        await nats_client.flush()
+        await asyncio.sleep(0.3)
+        assert cancels == ["c"]
+    finally:
+        await dispatcher.stop()
