@@ -53,18 +53,24 @@ class FrameError(InvalidArgument):
     """A bus message is not in the expected binary format."""
 
 
+def _descriptor(t: Tensor) -> list[bytes]:
+    """A tensor's descriptor in a frame: name, datatype, shape, data size."""
+    name = t.name.encode("utf-8")
+    return [
+        _U16.pack(len(name)),
+        name,
+        _DESC_TAIL.pack(DATATYPE_CODES[t.datatype], len(t.shape)),
+        struct.pack(f"<{len(t.shape)}q", *t.shape),
+        _U64.pack(memoryview(t.data).nbytes),
+    ]
+
+
 def encode_tensors(tensors: Sequence[Tensor]) -> bytes:
     """Encode tensors as one tensor frame."""
-    head = [TENSOR_MAGIC, _U16.pack(len(tensors))]
+    head: list[bytes] = [TENSOR_MAGIC, _U16.pack(len(tensors))]
     datas: list[Buffer] = []
     for t in tensors:
-        name = t.name.encode("utf-8")
-        head.append(_U16.pack(len(name)))
-        head.append(name)
-        head.append(_DESC_TAIL.pack(DATATYPE_CODES[t.datatype], len(t.shape)))
-        head.append(struct.pack(f"<{len(t.shape)}q", *t.shape))
-        nbytes = memoryview(t.data).nbytes
-        head.append(_U64.pack(nbytes))
+        head += _descriptor(t)
         datas.append(t.data)
     return b"".join([*head, *datas])
 
@@ -121,12 +127,7 @@ class RowFrames:
             if fixed is None:
                 arr = self._arrays[name]
                 t = tensor_from_numpy(name, arr[start:stop] if sliced else arr)
-                encoded = t.name.encode("utf-8")
-                parts.append(_U16.pack(len(encoded)))
-                parts.append(encoded)
-                parts.append(_DESC_TAIL.pack(DATATYPE_CODES[t.datatype], len(t.shape)))
-                parts.append(struct.pack(f"<{len(t.shape)}q", *t.shape))
-                parts.append(_U64.pack(memoryview(t.data).nbytes))
+                parts += _descriptor(t)
                 datas.append(t.data)
                 continue
             head, rest, rows, row_bytes, raw = fixed

@@ -149,7 +149,8 @@ class VersionServer:
         self._sub: Subscription | None = None
         """The intake subscription while the server has room (None while full)."""
         self._opening = False
-        self._draining: set[asyncio.Task[None]] = set()
+        self._intake_tasks: set[asyncio.Task[None]] = set()
+        """Joins of the queue group and drains of left subscriptions under way."""
         self._handoff_inbox = ""
         """Where "no responders" for requests we handed off comes back."""
         self._handoff_sub: Subscription | None = None
@@ -210,8 +211,8 @@ class VersionServer:
         if sub is None:
             return
         task = asyncio.create_task(self._drain(sub), name=f"drain-{self.dv.model}")
-        self._draining.add(task)
-        task.add_done_callback(self._draining.discard)
+        self._intake_tasks.add(task)
+        task.add_done_callback(self._intake_tasks.discard)
 
     async def _drain(self, sub: Subscription) -> None:
         with contextlib.suppress(*_NATS_ERRORS, TimeoutError):
@@ -224,8 +225,8 @@ class VersionServer:
             self._close_intake()
         elif self._sub is None and not self._opening and not self._stopping:
             task = asyncio.create_task(self._open_intake(), name=f"intake-{self.dv.model}")
-            self._draining.add(task)
-            task.add_done_callback(self._draining.discard)
+            self._intake_tasks.add(task)
+            task.add_done_callback(self._intake_tasks.discard)
 
     async def stop(self, timeout_s: float) -> None:
         """Stop intake, let in-flight requests finish for `timeout_s`, abort the rest.
@@ -241,8 +242,8 @@ class VersionServer:
             await asyncio.gather(self._recovery, return_exceptions=True)
             self._recovery = None
         self._close_intake()
-        if self._draining:
-            await asyncio.wait(list(self._draining), timeout=timeout_s)
+        if self._intake_tasks:
+            await asyncio.wait(list(self._intake_tasks), timeout=timeout_s)
         if self._handoff_sub is not None:
             # A round trip: "no responders" for what we handed off is in by now.
             with contextlib.suppress(*_NATS_ERRORS, TimeoutError):
