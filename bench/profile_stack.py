@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -115,9 +116,17 @@ def sampled_run(
     fills: dict[str, tuple[float, float]] = {}
 
     # The sampler window starts after the warm-up and stays inside the measured part.
+    nats_pid = stack.nats.pid if stack.nats is not None else None
+
     def arm_sampler() -> None:
         time.sleep(warmup + 0.5)
-        (sample_dir / "go").write_text(f"{label} {max(duration - 1.0, 1.0)}")
+        window = max(duration - 1.0, 1.0)
+        (sample_dir / "go").write_text(f"{label} {window}")
+        # nats-server is not Python: its CPU comes from /proc over the same window.
+        if nats_pid is not None:
+            t0, c0 = time.monotonic(), proc_cpu_s(nats_pid)
+            time.sleep(window)
+            fills["nats"] = (proc_cpu_s(nats_pid) - c0, time.monotonic() - t0)
         with contextlib.suppress(httpx.HTTPError):
             fills["batch"] = stack.batch_rows()
             fills["engine"] = stack.engine_rows()
@@ -173,7 +182,19 @@ def sampled_run(
                     for f, calls, tt, ct in meta[key]
                 ]
         procs[name] = info
+    if "nats" in fills and served:
+        busy = fills["nats"][0] / fills["nats"][1]
+        procs["nats-server"] = {
+            "busy_core": round(busy, 3),
+            "cpu_us_per_req": round(1e6 * busy / served, 1),
+        }
     return {"line": line, "procs": procs, "fill": fill}
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux ``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -238,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "round": rnd,
                             "concurrency": int(c[1:]) if c.startswith("c") else None,
                             "rate": float(c[1:]) if c.startswith("r") else None,
-                            "load": list(__import__("os").getloadavg()),
+                            "load": list(os.getloadavg()),
                         } | run
                         with out.open("a") as f:
                             f.write(json.dumps(record) + "\n")

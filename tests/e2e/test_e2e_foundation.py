@@ -197,11 +197,11 @@ def test_bad_requests_leave_the_stack_serving(stack, reference) -> None:
 
 
 async def test_every_answered_request_leaves_an_audit_record(stack) -> None:
-    """One `AuditRecord` per answer on ``ib.audit.<model>``: version, digest and
-    stage timings for a success, the status for a refusal."""
+    """One `AuditRecord` per answer on ``ib.audit.<model>`` (batched, one per
+    line): version, digest and stage timings for a success, the status for a refusal."""
     import nats
 
-    from inferbus_common.audit import decode_record
+    from inferbus_common.audit import decode_records
     from inferbus_common.subjects import Subjects
 
     assert stack.nats is not None
@@ -209,7 +209,8 @@ async def test_every_answered_request_leaves_an_audit_record(stack) -> None:
     records: asyncio.Queue = asyncio.Queue()
 
     async def on_record(msg) -> None:
-        await records.put(decode_record(msg.data))
+        for record in decode_records(msg.data):
+            await records.put(record)
 
     await nc.subscribe(Subjects().audit_all, cb=on_record)
     await nc.flush()

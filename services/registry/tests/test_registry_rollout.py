@@ -188,16 +188,15 @@ async def traffic(
     canary: tuple[str, str, float],
     stable: tuple[str, str, float] = ("1", "OK", 2.0),
 ) -> AsyncIterator[None]:
-    """Publish audit records like a gateway would: (version, status, latency) each."""
+    """Publish audit records like a gateway would: (version, status, latency) each,
+    batched as the gateway sends them (one message, one record per line)."""
     await _probe(nc, app)
     stop = asyncio.Event()
 
     async def feed() -> None:
         while not stop.is_set():
-            for version, status, latency in (canary, stable):
-                await nc.publish(
-                    app.subjects.audit(model), _record(model, version, status, latency)
-                )
+            batch = [_record(model, v, status, latency) for v, status, latency in (canary, stable)]
+            await nc.publish(app.subjects.audit(model), b"\n".join(batch))
             await asyncio.sleep(0.005)
 
     task = asyncio.create_task(feed())

@@ -100,8 +100,11 @@ def test_audit_records_feed_the_windows_and_callers_faults_do_not_count() -> Non
             stages_ms={},
         )
 
-    for status in ("OK", "INTERNAL", "INVALID_ARGUMENT", "UNAVAILABLE", "CANCELLED", "NOT_FOUND"):
+    for status in ("OK", "INTERNAL", "INVALID_ARGUMENT"):
         hw.observe(rec("2", status))
+    # The gateway batches records, one per line; a malformed line loses only itself.
+    batch = [rec("2", "UNAVAILABLE"), b"not json", rec("2", "CANCELLED"), rec("2", "NOT_FOUND")]
+    hw.observe(b"\n".join(batch))
     hw.observe(rec("", "RESOURCE_EXHAUSTED"))  # refused before a version: not counted
     hw.observe(b"not json")
     n, err, p99 = hw.stats("hw-audit", "2")

@@ -1,13 +1,18 @@
 """The audit record: one per request the gateway answered.
 
-The gateway publishes each record as JSON on ``<prefix>.audit.<model>``
-(`Subjects.audit`). Consumers: the audit stream (``<prefix>_AUDIT``), the
-rollout controller (error rate and latency per version), replay and drift
-tools. Publishing is fire-and-forget: the audit trail never slows down or
-fails a request.
+The gateway publishes the records as JSON on ``<prefix>.audit.<model>``
+(`Subjects.audit`), a batch at a time: one message carries one or more
+records of the model, one JSON object per line (`split_records`; a message
+with one record is that record's JSON, as before batching). Consumers: the
+audit stream (``<prefix>_AUDIT``), the rollout controller (error rate and
+latency per version), health-aware routing, replay and drift tools.
+Publishing is fire-and-forget: the audit trail never slows down or fails a
+request.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import orjson
 from pydantic import BaseModel, Field
@@ -80,3 +85,23 @@ def decode_record(data: bytes) -> AuditRecord:
         pydantic.ValidationError: not an audit record.
     """
     return AuditRecord.model_validate_json(data)
+
+
+def split_records(data: bytes) -> Iterator[bytes]:
+    """The records of one audit message, each a JSON object (blank lines skipped)."""
+    if b"\n" not in data:
+        if data:
+            yield data
+        return
+    for line in data.split(b"\n"):
+        if line:
+            yield line
+
+
+def decode_records(data: bytes) -> list[AuditRecord]:
+    """Parse every record of one audit message.
+
+    Raises:
+        pydantic.ValidationError: a line is not an audit record.
+    """
+    return [decode_record(line) for line in split_records(data)]

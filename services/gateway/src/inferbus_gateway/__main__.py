@@ -95,6 +95,7 @@ async def serve(settings: GatewaySettings) -> None:
                 idempotency_window_s=settings.idempotency_window_s,
                 admission=admission,
                 audit_subjects=subjects if settings.audit_enabled else None,
+                audit_max_delay_s=settings.audit_batch_ms / 1000.0,
                 instance=instance,
                 observers=[o.observe for o in (capture, drift) if o.enabled],
                 lazy=lazy,
@@ -160,6 +161,7 @@ async def serve(settings: GatewaySettings) -> None:
                     http_server.should_exit = True
                     await server.stop(settings.drain_timeout_s)
             finally:
+                await service.close()
                 await dispatcher.stop()
                 await gen_dispatcher.stop()
                 await repository.close()

@@ -28,6 +28,7 @@ from inferbus_common.replies import error_from_reply
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import FrameError, decode_tensors
 from inferbus_gateway.admission import Admission, BreakerOpen, fallback_outputs
+from inferbus_gateway.auditbatch import AuditBatches
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.dispatch import Dispatcher
 from inferbus_gateway.idempotency import IdempotencyCache
@@ -64,11 +65,6 @@ LATENCY = Histogram(
         10.0,
         30.0,
     ),
-)
-
-AUDIT_DROPPED = Counter(
-    "inferbus_gateway_audit_dropped_total",
-    "Audit records that could not be published (NATS down or buffer full).",
 )
 
 SERVER_EXTENSIONS = ["binary_tensor_data"]
@@ -140,6 +136,7 @@ class InferenceService:
         idempotency_window_s: float = 30.0,
         admission: Admission | None = None,
         audit_subjects: Subjects | None = None,
+        audit_max_delay_s: float = 0.0,
         instance: str = "",
         observers: Sequence[Callable[[InferRequest, InferResponse], None]] = (),
         lazy: LazyLoader | None = None,
@@ -153,7 +150,11 @@ class InferenceService:
         self.catalog_loaded = False
         self._idempotency = IdempotencyCache(idempotency_window_s)
         self._admission = admission
-        self._audit_subjects = audit_subjects
+        self._audit = (
+            AuditBatches(nc, audit_subjects, max_delay_s=audit_max_delay_s)
+            if audit_subjects is not None
+            else None
+        )
         self._instance = instance
         self._lazy = lazy
         self._observers = tuple(observers)
@@ -275,18 +276,18 @@ class InferenceService:
             if fallback is not None:
                 REQUESTS.labels(request.model, fallback.version, protocol, "DEGRADED").inc()
                 reason = fallback.degraded
-                await self._audit(request, protocol, outcome, "DEGRADED", reason, t0)
+                await self._record(request, protocol, outcome, "DEGRADED", reason, t0)
                 return fallback
             REQUESTS.labels(request.model, outcome.version, protocol, exc.code.name).inc()
             reason = exc.reason if isinstance(exc, ResourceExhausted) else ""
-            await self._audit(request, protocol, outcome, exc.code.name, reason, t0)
+            await self._record(request, protocol, outcome, exc.code.name, reason, t0)
             raise
         answered, latency = _answered_metrics(request.model, response.version, protocol)
         answered.inc()
         latency.observe(time.perf_counter() - t0)
         outcome.version, outcome.digest = response.version, response.digest
         outcome.timings_ms = response.timings_ms
-        await self._audit(request, protocol, outcome, "OK", "", t0)
+        await self._record(request, protocol, outcome, "OK", "", t0)
         self._observe(request, response)
         return response
 
@@ -298,7 +299,7 @@ class InferenceService:
             except Exception as exc:  # observation never fails a request
                 log.warning("request observer failed: %s", exc)
 
-    async def _audit(
+    async def _record(
         self,
         request: InferRequest,
         protocol: str,
@@ -307,13 +308,12 @@ class InferenceService:
         reason: str,
         t0: float,
     ) -> None:
-        """Publish the request's audit record; never fails the request.
+        """Queue the request's audit record (`AuditBatches`); never fails the request.
 
-        `publish` only appends to the NATS client's buffer (flushed by its
-        flusher task), so this costs no round trip. A request
-        that failed before a version was known is recorded with version ''.
+        No round trip: records are published in batches, a few ms later. A
+        request that failed before a version was known is recorded with version ''.
         """
-        if self._audit_subjects is None:
+        if self._audit is None:
             return
         data = encode_record(
             request_id=outcome.request_id,
@@ -329,11 +329,12 @@ class InferenceService:
             latency_ms=(time.perf_counter() - t0) * 1000.0,
             stages_ms=outcome.timings_ms,
         )
-        try:
-            await self._nc.publish(self._audit_subjects.audit(request.model), data)
-        except Exception as exc:  # the audit trail must never fail a request
-            AUDIT_DROPPED.inc()
-            log.debug("audit record dropped: %s", type(exc).__name__)
+        await self._audit.add(request.model, data)
+
+    async def close(self) -> None:
+        """Publish the audit records still collected (call before the NATS connection drains)."""
+        if self._audit is not None:
+            await self._audit.close()
 
     async def _fallback(
         self, request: InferRequest, exc: InferbusError, t0: float

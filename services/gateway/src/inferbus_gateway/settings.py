@@ -48,6 +48,9 @@ class GatewaySettings(ServiceSettings):
     audit_enabled: bool = True
     """Publish one audit record per answered request on ``<prefix>.audit.<model>``
     (read by the rollout controller, health-aware routing and the audit stream)."""
+    audit_batch_ms: float = Field(default=20.0, ge=0)
+    """Audit records of one model are published together, one message at most every
+    this many ms (one record per line); 0 publishes each record as its own message."""
     server_name: str = "inferbus"
     """Name reported by ServerMetadata."""
     registry_url: str = ""

@@ -54,6 +54,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, Field, ValidationError
 
+from inferbus_common.audit import split_records
 from inferbus_common.catalog import InitialValues, Route, WorkerStatus, ensure_kv
 from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from inferbus_common.subjects import Subjects
@@ -437,11 +438,20 @@ class RolloutController:
 
     # --- audit -----------------------------------------------------------------
     async def _on_audit(self, msg: Msg) -> None:
-        self.audit_records_seen += 1
+        # A message carries one record per line (the gateway batches them).
+        self.audit_records_seen += 1 + msg.data.count(b"\n")
         # Cheap filter first: most records are of models without an active rollout.
         if msg.subject.rsplit(".", 1)[-1] not in self._active_tokens:
             return
-        self._add_sample(msg.data)
+        self._add_samples(msg.data)
+
+    def _add_samples(self, data: bytes, *, before_unix_ms: int = 0) -> int:
+        """Keep the outcomes of one audit message's records (one per line) that are
+        evidence for an active rollout; how many were kept."""
+        kept = 0
+        for line in split_records(data):
+            kept += self._add_sample(line, before_unix_ms=before_unix_ms)
+        return kept
 
     def _add_sample(self, data: bytes, *, before_unix_ms: int = 0) -> int:
         """Keep one audit record's outcome if it is evidence for an active rollout (1 if kept).
@@ -513,7 +523,7 @@ class RolloutController:
                         pending = 0
                         for msg in msgs:
                             pending = msg.metadata.num_pending
-                            replayed += self._add_sample(msg.data, before_unix_ms=until_unix_ms)
+                            replayed += self._add_samples(msg.data, before_unix_ms=until_unix_ms)
                         if pending == 0:
                             break
             except TimeoutError:

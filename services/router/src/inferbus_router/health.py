@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from prometheus_client import Gauge
 from pydantic import ValidationError
 
-from inferbus_common.audit import decode_record
+from inferbus_common.audit import decode_record, split_records
 from inferbus_common.catalog import Route
 
 log = logging.getLogger(__name__)
@@ -123,15 +123,17 @@ class HealthWeights:
         self._factors_exported: set[tuple[str, str]] = set()
 
     def observe(self, data: bytes) -> None:
-        """Take one audit record (JSON bytes); malformed ones are ignored."""
-        try:
-            rec = decode_record(data)
-        except (ValidationError, ValueError):
-            return
-        if not rec.version:
-            return
-        error = rec.status not in NOT_THE_VERSIONS_FAULT
-        self.record(rec.model, rec.version, error, rec.latency_ms)
+        """Take one audit message (one or more JSON records, one per line); malformed
+        records are ignored, the others of the message still count."""
+        for line in split_records(data):
+            try:
+                rec = decode_record(line)
+            except (ValidationError, ValueError):
+                continue
+            if not rec.version:
+                continue
+            error = rec.status not in NOT_THE_VERSIONS_FAULT
+            self.record(rec.model, rec.version, error, rec.latency_ms)
 
     def record(self, model: str, version: str, error: bool, latency_ms: float) -> None:
         """Record one outcome of (`model`, `version`)."""
