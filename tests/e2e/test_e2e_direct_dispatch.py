@@ -1,8 +1,9 @@
 """Direct dispatch through the whole stack (``INFERBUS_GATEWAY_DIRECT_DISPATCH``).
 
-With the setting on, a request on a plain route (only a stable version) goes
-from the gateway straight to the batchers and never reaches the router; a
-request that pins a version still goes through the router. Answers are the
+With the setting on (the default; set explicitly here), a request on a plain
+route (only a stable version) goes from the gateway straight to the batchers
+and never reaches the router; a request that pins a version still goes
+through the router. Answers are the
 same either way.
 """
 

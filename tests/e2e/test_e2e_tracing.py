@@ -35,7 +35,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SERVICES = ("GATEWAY", "ROUTER", "BATCHER", "WORKER")
 STACK_REDIS = True
-STACK_ENV: dict[str, str] = {"INFERBUS_GATEWAY_AUTH_ENABLED": "true"}
+# Every request goes through the router here, so a trace spans all four services
+# (direct dispatch, on by default, would skip the router on this plain route).
+STACK_ENV: dict[str, str] = {
+    "INFERBUS_GATEWAY_AUTH_ENABLED": "true",
+    "INFERBUS_GATEWAY_DIRECT_DISPATCH": "false",
+}
 for _svc in SERVICES:
     STACK_ENV |= {
         f"INFERBUS_{_svc}_TRACING_ENABLED": "true",
