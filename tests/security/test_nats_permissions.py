@@ -132,7 +132,7 @@ def test_no_credentials_is_refused(secured) -> None:
         ("gateway", f"$KV.{SUBJECTS.routes_bucket}.fraud", "only the registry writes routes"),
         ("gateway", "ib.reply.gw-1.7", "only answering services publish replies"),
         ("gateway", "ib.batch.default.fraud.1", "only the batcher writes the work queue"),
-        ("gateway", "ib.infer.fraud.1", "only the router routes"),
+        ("gateway", "ib.gen.fraud.1", "only the router routes generative requests"),
         ("worker", "ib.route.fraud", "only gateways send requests in"),
         ("router", "ib.events.registry.fraud", "only the registry announces lifecycle events"),
         ("batcher", f"$JS.API.STREAM.DELETE.{SUBJECTS.batch_stream}", "no one deletes streams"),
@@ -171,6 +171,7 @@ async def test_subscribe_outside_permissions_is_refused(
     ("role", "subject"),
     [
         ("gateway", "ib.route.fraud"),
+        ("gateway", "ib.infer.fraud.1"),  # direct dispatch of plain routes
         ("router", "ib.infer.fraud.1"),
         ("worker", "ib.reply.gw-1.7"),
         ("batcher", "ib.reply.gw-1.7"),

@@ -107,6 +107,8 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
     if role == "gateway":
         pub += [
             f"{p}.route.>",
+            # Direct dispatch: requests on plain routes go straight to the batchers.
+            f"{p}.infer.>",
             f"{p}.audit.>",
             f"{p}.gencancel.>",
             f"{p}.loadhint.>",
