@@ -26,6 +26,7 @@ from inferbus_common.errors import (
 from inferbus_common.modelconfig import TensorSpec
 from inferbus_common.replies import error_from_reply
 from inferbus_common.subjects import Subjects
+from inferbus_common.validation import RequestChecker
 from inferbus_common.wire import FrameError, decode_tensors
 from inferbus_gateway.admission import Admission, BreakerOpen, fallback_outputs
 from inferbus_gateway.auditbatch import AuditBatches
@@ -68,6 +69,8 @@ LATENCY = Histogram(
 )
 
 SERVER_EXTENSIONS = ["binary_tensor_data"]
+_MAX_CHECKERS = 1024
+"""Versions whose request checkers are kept (beyond it they start over)."""
 MAX_REQUEST_ID = 256
 
 log = logging.getLogger(__name__)
@@ -159,6 +162,8 @@ class InferenceService:
         self._lazy = lazy
         self._observers = tuple(observers)
         """Called with every request answered by its model (payload capture, drift)."""
+        self._checkers: dict[tuple[str, str], RequestChecker] = {}
+        """Per (model, version): validation that skips layouts which passed before."""
 
     # --- health and metadata ---------------------------------------------------
     def live(self) -> bool:
@@ -291,6 +296,17 @@ class InferenceService:
         self._observe(request, response)
         return response
 
+    def _checker(self, dv: DeployedVersion) -> RequestChecker:
+        """The request checker of a version's current config (a re-published config
+        gets a new one: layouts that passed the old config are not trusted)."""
+        key = (dv.model, dv.version)
+        checker = self._checkers.get(key)
+        if checker is None or checker.config is not dv.config:
+            if len(self._checkers) >= _MAX_CHECKERS:
+                self._checkers.clear()
+            checker = self._checkers[key] = RequestChecker(dv.config)
+        return checker
+
     def _observe(self, request: InferRequest, response: InferResponse) -> None:
         """Hand an answered request to the observers; they must never fail it."""
         for observe in self._observers:
@@ -408,7 +424,7 @@ class InferenceService:
                 f"model '{dv.model}' is generative; call it with the OpenAI-compatible "
                 "API (POST /v1/chat/completions or /v1/completions)"
             )
-        dv.config.validate_request(request.inputs, request.outputs)
+        self._checker(dv).check(request.inputs, request.outputs)
         timeout_s = request.timeout_s
         if timeout_s is None:
             timeout_s = dv.config.batching.default_timeout_ms / 1000.0
