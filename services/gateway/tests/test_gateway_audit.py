@@ -9,27 +9,17 @@ import nats
 from nats.aio.client import Client
 from prometheus_client import REGISTRY
 
-from inferbus_common.audit import decode_records, encode_record, split_records
+from inferbus_common.audit import decode_records, split_records
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.auditbatch import AuditBatches
+from inferbus_testing.records import audit_record
 
 SUBJECTS = Subjects("ib")
 
 
 def _record(model: str, rid: str) -> bytes:
-    return encode_record(
-        request_id=rid,
-        ts_unix_ms=time.time_ns() // 1_000_000,
-        gateway="g",
-        protocol="grpc",
-        tenant="",
-        model=model,
-        version="1",
-        digest="",
-        status="OK",
-        reason="",
-        latency_ms=1.0,
-        stages_ms={"queue": 0.5},
+    return audit_record(
+        model, request_id=rid, ts_unix_ms=time.time_ns() // 1_000_000, stages_ms={"queue": 0.5}
     )
 
 

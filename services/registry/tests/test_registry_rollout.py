@@ -16,12 +16,12 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from inferbus_common.audit import encode_record
 from inferbus_common.catalog import Route, WorkerStatus, ensure_kv
 from inferbus_common.errors import FailedPrecondition, InvalidArgument
 from inferbus_registry.app import RegistryApp
 from inferbus_registry.client import RegistryClient
 from inferbus_registry.rollout import Rollout, WindowStats, check_plan, evaluate, percentile
+from inferbus_testing.records import audit_record
 
 # --- the step logic, pure ------------------------------------------------------------
 
@@ -153,19 +153,15 @@ _ids = itertools.count()
 
 
 def _record(model: str, version: str, status: str, latency_ms: float) -> bytes:
-    return encode_record(
+    return audit_record(
+        model,
+        version,
+        status,
         request_id=f"req-{next(_ids)}",
+        latency_ms=latency_ms,
         ts_unix_ms=time.time_ns() // 1_000_000,
         gateway="test",
-        protocol="grpc",
         tenant="t",
-        model=model,
-        version=version,
-        digest="",
-        status=status,
-        reason="",
-        latency_ms=latency_ms,
-        stages_ms={},
     )
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
-from inferbus_common.audit import encode_record
 from inferbus_common.catalog import Route
 from inferbus_router.health import HealthPolicy, HealthWeights
+from inferbus_testing.records import audit_record
 
 POLICY = HealthPolicy(window_s=10.0, min_samples=20, floor=0.1, decrease=0.5, recover_step=0.25)
 
@@ -85,20 +85,7 @@ def test_audit_records_feed_the_windows_and_callers_faults_do_not_count() -> Non
     hw = HealthWeights(POLICY, Clock())
 
     def rec(version: str, status: str) -> bytes:
-        return encode_record(
-            request_id="r",
-            ts_unix_ms=0,
-            gateway="g",
-            protocol="grpc",
-            tenant="",
-            model="hw-audit",
-            version=version,
-            digest="",
-            status=status,
-            reason="",
-            latency_ms=3.0,
-            stages_ms={},
-        )
+        return audit_record("hw-audit", version, status, latency_ms=3.0)
 
     for status in ("OK", "INTERNAL", "INVALID_ARGUMENT"):
         hw.observe(rec("2", status))

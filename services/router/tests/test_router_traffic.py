@@ -22,7 +22,6 @@ from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
 from inferbus_common import headers as h
-from inferbus_common.audit import encode_record
 from inferbus_common.catalog import Catalog, Route, WorkerStatus, ensure_kv
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.subjects import Subjects, subject_token
@@ -30,6 +29,7 @@ from inferbus_common.wire import decode_tensors, encode_tensors
 from inferbus_router.health import HealthPolicy, HealthWeights
 from inferbus_router.router import Router
 from inferbus_router.shadow import ShadowComparer
+from inferbus_testing.records import audit_record
 
 SUBJECTS = Subjects()
 
@@ -312,20 +312,7 @@ async def test_shadow_copies_are_compared_and_never_reach_the_client(
 
 
 def _audit(model: str, version: str, status: str, request_id: str) -> bytes:
-    return encode_record(
-        request_id=request_id,
-        ts_unix_ms=0,
-        gateway="g",
-        protocol="grpc",
-        tenant="",
-        model=model,
-        version=version,
-        digest="",
-        status=status,
-        reason="",
-        latency_ms=2.0,
-        stages_ms={},
-    )
+    return audit_record(model, version, status, request_id=request_id, latency_ms=2.0)
 
 
 async def test_unhealthy_canary_gets_less_traffic(nats_server, nats_client) -> None:

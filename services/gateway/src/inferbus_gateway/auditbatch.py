@@ -20,7 +20,6 @@ record; a crash loses at most ``max_delay_s`` of them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from nats.aio.client import Client
@@ -131,5 +130,5 @@ class AuditBatches:
         for model in list(self._pending):
             await self._send(model, self._take(model))
         if self._sending:
-            with contextlib.suppress(Exception):
-                await asyncio.gather(*self._sending, return_exceptions=True)
+            # Waits for the timers' sends in flight (`_send` counts its own failures).
+            await asyncio.gather(*self._sending, return_exceptions=True)
