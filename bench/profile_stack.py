@@ -1,8 +1,9 @@
 """Profile the inferbus stack under load, and A/B two configurations in one run.
 
 Starts the stack (`bench/stack.py`) once per *arm* (an arm is a name plus
-environment settings for the services), pushes the example fraud model, and
-runs ``bench/loadgen.py`` at each concurrency. While a run is measured, the
+environment settings for the services), pushes the example fraud model (or
+the heavy MLP, ``--model heavy``), and runs ``bench/loadgen.py`` at each
+concurrency. While a run is measured, the
 in-process sampler (``bench/sampler/sitecustomize.py``) records every service's
 busy stacks and CPU time, so each run also reports CPU per request by process
 and the top frames (same summary as ``render.py`` makes of py-spy output).
@@ -214,6 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument(
+        "--model",
+        choices=["fraud", "heavy"],
+        default="fraud",
+        help="example fraud MLP, or the heavy MLP of bench/models/make_heavy.py",
+    )
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--top", type=int, default=6, help="frames printed per process")
     args = p.parse_args(argv)
@@ -224,12 +231,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="inferbus-profile-") as tmp:
         work = Path(tmp)
-        fraud = work / "fraud"
+        model_dir = work / args.model
+        maker = (
+            "examples/fraud/make_model.py"
+            if args.model == "fraud"
+            else "bench/models/make_heavy.py"
+        )
         subprocess.run(
-            [PYTHON, "examples/fraud/make_model.py", "--out", str(fraud)],
-            check=True,
-            capture_output=True,
-            cwd=REPO,
+            [PYTHON, maker, "--out", str(model_dir)], check=True, capture_output=True, cwd=REPO
         )
         for rnd in range(args.rounds):
             for name, env in arms:
@@ -245,15 +254,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 }
                 base = work / f"stack-{name}-{rnd}"
                 with BenchStack(base, workers=args.workers, env=stack_env) as stack:
-                    stack.push(fraud, "fraud")
-                    stack.wait_model_ready("fraud")
+                    stack.push(model_dir, args.model)
+                    stack.wait_model_ready(args.model)
                     for c in loads:
                         label = f"{name}-{c}"
                         run = sampled_run(
-                            stack, sample_dir, label, "fraud", c, args.duration, args.warmup
+                            stack, sample_dir, label, args.model, c, args.duration, args.warmup
                         )
                         record = {
                             "kind": "profile_run",
+                            "model": args.model,
                             "arm": name,
                             "env": env,
                             "round": rnd,

@@ -86,8 +86,8 @@ from inferbus_worker.engines import Engine, EngineError, EngineInputError, Tenso
 from inferbus_worker.microbatch import (
     BatchReplies,
     LiveRequest,
+    Outbox,
     ReplyContext,
-    error_reply,
     gather_inputs,
     split_expired,
 )
@@ -508,18 +508,17 @@ class ModelRunner:
         await msg.term()
         metrics.BATCHES.labels(**self._labels, outcome="garbage").inc()
 
-    async def _reply(self, entry: BatchEntry, headers: dict[str, str], body: bytes, status: str):
-        if entry.reply:
-            await self._nc.publish(entry.reply, body, headers=headers)
-        if entry.mirror:
-            # Shadow compare: the router's copy goes out after the client's reply.
-            await self._nc.publish(entry.mirror, body, headers=headers)
-        self._metric(metrics.REPLIES, status=status).inc()
+    async def _send(self, outbox: Outbox) -> None:
+        """Publish a run's answers and count them by status."""
+        await outbox.send(self._nc)
+        for status, n in outbox.counts.items():
+            self._metric(metrics.REPLIES, status=status).inc(n)
 
     async def _fail_all(self, entries: list[BatchEntry], code: StatusCode, message: str) -> None:
+        outbox = Outbox(self._reply_ctx)
         for entry in entries:
-            headers, body = error_reply(self._reply_ctx, entry, code, message)
-            await self._reply(entry, headers, body, code.name)
+            outbox.error(entry, code, message)
+        await self._send(outbox)
 
     async def _process(self, msgs: list[Msg], batch: MicroBatch, *, split_on_reject: bool) -> bool:
         """Run one (possibly merged) micro-batch; False when a merged input was rejected
@@ -529,15 +528,12 @@ class ModelRunner:
         if redelivered:
             metrics.REDELIVERIES.labels(**self._labels).inc(redelivered)
         live_idx, expired_idx = split_expired(batch, h.now_ns())
-        for i in expired_idx:
-            entry = batch.entries[i]
-            headers, body = error_reply(
-                self._reply_ctx,
-                entry,
+        if expired_idx:
+            await self._fail_all(
+                [batch.entries[i] for i in expired_idx],
                 StatusCode.DEADLINE_EXCEEDED,
                 "deadline passed before the model ran",
             )
-            await self._reply(entry, headers, body, StatusCode.DEADLINE_EXCEEDED.name)
         if not live_idx:
             for msg in msgs:
                 await msg.ack()
@@ -650,16 +646,15 @@ class ModelRunner:
         if not result.row_errors:
             return result.inputs, requests
         kept = []
+        outbox = Outbox(self._reply_ctx)
         for r in requests:
             bad = next((i for i in range(r.start, r.stop) if i in result.row_errors), None)
             if bad is None:
                 kept.append(r)
                 continue
             message = f"{self._config.name}: row {bad - r.start}: {result.row_errors[bad]}"
-            headers, body = error_reply(
-                self._reply_ctx, r.entry, StatusCode.INVALID_ARGUMENT, message
-            )
-            await self._reply(r.entry, headers, body, StatusCode.INVALID_ARGUMENT.name)
+            outbox.error(r.entry, StatusCode.INVALID_ARGUMENT, message)
+        await self._send(outbox)
         return result.inputs, kept
 
     async def _postprocess(
@@ -709,32 +704,19 @@ class ModelRunner:
             batch_rows=rows,
             stages_ms=stages,
         )
-        publish = self._nc.publish
-        sent = 0
-        try:
-            for r in requests:
-                entry = r.entry
-                queue_ms = (
-                    max(0.0, (start_ns - entry.enqueued_ns) / 1e6) if entry.enqueued_ns else 0.0
-                )
-                try:
+        outbox = Outbox(self._reply_ctx, replies.shared_timings, rows)
+        for r in requests:
+            entry = r.entry
+            queue_ms = max(0.0, (start_ns - entry.enqueued_ns) / 1e6) if entry.enqueued_ns else 0.0
+            try:
+                if entry.token:
+                    outbox.ok(entry, queue_ms, replies.frame_parts(r))
+                else:
                     headers, body = replies.ok(r, queue_ms)
-                except InvalidArgument as exc:
-                    headers, body = error_reply(
-                        self._reply_ctx, entry, StatusCode.INVALID_ARGUMENT, exc.message
-                    )
-                    await self._reply(entry, headers, body, StatusCode.INVALID_ARGUMENT.name)
-                    continue
-                # `_reply` inlined, with the OK replies counted once per execution.
-                if entry.reply:
-                    await publish(entry.reply, body, headers=headers)
-                if entry.mirror:
-                    # Shadow compare: the router's copy goes out after the client's reply.
-                    await publish(entry.mirror, body, headers=headers)
-                sent += 1
-        finally:
-            if sent:
-                self._metric(metrics.REPLIES, status="OK").inc(sent)
+                    outbox.single(entry, headers, body, "OK")
+            except InvalidArgument as exc:
+                outbox.error(entry, StatusCode.INVALID_ARGUMENT, exc.message)
+        await self._send(outbox)
 
     async def _poison(
         self, msgs: list[Msg], entries: list[BatchEntry], code: StatusCode, message: str
