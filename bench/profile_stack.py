@@ -126,8 +126,12 @@ def sampled_run(
         # nats-server is not Python: its CPU comes from /proc over the same window.
         if nats_pid is not None:
             t0, c0 = time.monotonic(), proc_cpu_s(nats_pid)
+            v0 = nats_varz(stack)
             time.sleep(window)
             fills["nats"] = (proc_cpu_s(nats_pid) - c0, time.monotonic() - t0)
+            v1 = nats_varz(stack)
+            if v0 and v1:
+                fills["msgs"] = (v1[0] - v0[0], v1[1] - v0[1], time.monotonic() - t0)
         with contextlib.suppress(httpx.HTTPError):
             fills["batch"] = stack.batch_rows()
             fills["engine"] = stack.engine_rows()
@@ -189,7 +193,24 @@ def sampled_run(
             "busy_core": round(busy, 3),
             "cpu_us_per_req": round(1e6 * busy / served, 1),
         }
+    if "msgs" in fills and served:
+        # Bus messages per answered request over the same window: published to
+        # nats-server (in) and delivered by it (out), JetStream's own included.
+        n_in, n_out, wall = fills["msgs"]
+        fill["msgs_in_per_req"] = round(n_in / (served * wall), 2)
+        fill["msgs_out_per_req"] = round(n_out / (served * wall), 2)
     return {"line": line, "procs": procs, "fill": fill}
+
+
+def nats_varz(stack: BenchStack) -> tuple[int, int] | None:
+    """nats-server's ``in_msgs`` and ``out_msgs`` counters (None when unreadable)."""
+    if stack.nats is None or not stack.nats.monitor_port:
+        return None
+    try:
+        varz = httpx.get(f"http://127.0.0.1:{stack.nats.monitor_port}/varz", timeout=5.0).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return int(varz["in_msgs"]), int(varz["out_msgs"])
 
 
 def proc_cpu_s(pid: int) -> float:
