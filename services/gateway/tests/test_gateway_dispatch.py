@@ -262,30 +262,22 @@ async def test_a_subject_that_is_not_busy_never_waits(nats_client, dispatchers):
         await batcher.stop()
 
 
-async def test_requests_wait_for_the_bundle_while_others_are_in_flight(nats_client, dispatchers):
+async def test_a_saturated_gateway_collects_requests_for_the_window(nats_client, dispatchers):
     batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
-    d = await dispatchers("gw-w", direct=True, bundle_window_s=60.0, busy=lambda: True)
+    d = await dispatchers("gw-w", direct=True, bundle_window_s=0.3, busy=lambda: True)
     plain = Route(model="fraud", stable="3")
     try:
-        batcher.hold.clear()
-        first = asyncio.ensure_future(_call(d, plain, request_id="first"))
-        await asyncio.wait_for(batcher.arrived.wait(), 10)
-        # "first" is being computed: these three wait in an open bundle ...
-        later = [
-            asyncio.ensure_future(_call(d, plain, request_id=f"later{i}", window_s=60.0))
-            for i in range(3)
-        ]
-        await asyncio.sleep(0.2)
-        assert len(batcher.bundles) == 1
-        assert d.in_flight == 4
-        # ... until nothing is in flight any more: then they go at once, together.
-        batcher.hold.set()
-        await asyncio.wait_for(first, 10)
-        done = await asyncio.wait_for(asyncio.gather(*later), 10)
-        assert len(done) == 3
-        assert [len(b.requests) for b in batcher.bundles] == [1, 3]
+        calls = []
+        t0 = time.monotonic()
+        for i in range(4):  # four loop turns apart, one window
+            calls.append(asyncio.ensure_future(_call(d, plain, request_id=f"w{i}")))
+            await asyncio.sleep(0.02)
+        assert batcher.bundles == []  # still collecting
+        await asyncio.wait_for(asyncio.gather(*calls), 10)
+        assert time.monotonic() - t0 >= 0.25
+        assert [len(b.requests) for b in batcher.bundles] == [4]
+        assert d.in_flight == 0
     finally:
-        batcher.hold.set()
         await batcher.stop()
 
 
@@ -294,12 +286,8 @@ async def test_a_bundle_goes_when_its_rows_fill_a_batch(nats_client, dispatchers
     d = await dispatchers("gw-f", direct=True, bundle_window_s=60.0, busy=lambda: True)
     plain = Route(model="fraud", stable="3")
     try:
-        batcher.hold.clear()
-        first = asyncio.ensure_future(_call(d, plain, request_id="first"))
-        await asyncio.wait_for(batcher.arrived.wait(), 10)
-        batcher.hold.set()  # later bundles are answered at once
         # max_rows 4: two requests of two rows fill it, the bundle goes without
-        # waiting for the window or for "first".
+        # waiting for the 60 s window.
         full = await asyncio.wait_for(
             asyncio.gather(
                 *(_call(d, plain, request_id=f"f{i}", rows=2, max_rows=4) for i in range(2))
@@ -307,8 +295,7 @@ async def test_a_bundle_goes_when_its_rows_fill_a_batch(nats_client, dispatchers
             10,
         )
         assert len(full) == 2
-        assert [len(b.requests) for b in batcher.bundles[1:]] == [2]
-        await asyncio.wait_for(first, 10)
+        assert [len(b.requests) for b in batcher.bundles] == [2]
     finally:
         batcher.hold.set()
         await batcher.stop()
@@ -355,29 +342,6 @@ async def test_a_call_past_its_deadline_leaves_nothing_behind(nats_client, dispa
                 route=Route(model="fraud", stable="3"),
             )
         assert d.in_flight == 0
-    finally:
-        batcher.hold.set()
-        await batcher.stop()
-
-
-async def test_a_waiting_bundle_goes_when_its_window_ends(nats_client, dispatchers):
-    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
-    d = await dispatchers("gw-win", direct=True, bundle_window_s=0.1, busy=lambda: True)
-    plain = Route(model="fraud", stable="3")
-    try:
-        batcher.hold.clear()
-        first = asyncio.ensure_future(_call(d, plain, request_id="stuck"))
-        await asyncio.wait_for(batcher.arrived.wait(), 10)
-        later = [asyncio.ensure_future(_call(d, plain, request_id=f"l{i}")) for i in range(2)]
-        # "stuck" never comes back while held: the window, not its reply, sends them.
-        for _ in range(500):
-            if len(batcher.bundles) == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert [len(b.requests) for b in batcher.bundles] == [1, 2]
-        assert not first.done()
-        batcher.hold.set()
-        await asyncio.wait_for(asyncio.gather(first, *later), 10)
     finally:
         batcher.hold.set()
         await batcher.stop()

@@ -82,7 +82,6 @@ async def serve(settings: GatewaySettings) -> None:
                 bundles=settings.bundles,
                 bundle_window_s=settings.bundle_window_us / 1e6,
                 bundle_max_requests=settings.bundle_max_requests,
-                bundle_max_in_flight=settings.bundle_max_in_flight,
                 bundle_busy_demand=settings.bundle_busy_demand,
             )
             await dispatcher.start()

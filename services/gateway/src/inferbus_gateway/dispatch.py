@@ -5,11 +5,10 @@ batcher subject on a plain route, see `plain_version`) go out as request
 bundles (`inferbus_common.bundles`): one message carries several requests,
 and each reply bundle that comes back answers several waiting calls.
 A bundle goes at the end of the event-loop turn that opened it, unless the
-gateway is saturated (its event loop always has work, `loopload.LoopLoad`)
-and ``bundle_max_in_flight`` bundles of the subject are unanswered. Then new
-requests collect in the open bundle until one of those comes back (or
-``bundle_window_us`` passes): self-clocked, so bundles grow with the load,
-and a gateway with time to spare never makes a request wait.
+gateway is saturated (its event loop always has work, `loopload.LoopLoad`):
+then it collects requests for ``bundle_window_us``. A gateway with time to
+spare never makes a request wait; a saturated one, whose requests would queue
+in front of its event loop anyway, sends fewer, fuller messages.
 Details and figures: docs/architecture.md ("Bundles").
 
 Each gateway owns one inbox subscription (``ib.reply.<instance>.*``): reply
@@ -69,8 +68,8 @@ REPLY_BUNDLES = Counter(
 )
 HELD_BUNDLES = Counter(
     "inferbus_gateway_held_bundles_total",
-    "Bundles that collected requests until a bundle in flight came back (the gateway "
-    "was saturated), as opposed to going at the end of the loop turn that opened them.",
+    "Bundles that collected requests for the bundle window (the gateway was "
+    "saturated), as opposed to going at the end of the loop turn that opened them.",
 )
 LOOP_DEMAND = Gauge(
     "inferbus_gateway_loop_demand",
@@ -146,14 +145,6 @@ def _expire(fut: asyncio.Future[Reply]) -> None:
 
 
 @dataclass(slots=True, eq=False)
-class _Sent:
-    """A bundle on its way: how many of its calls still wait."""
-
-    key: str
-    left: int
-
-
-@dataclass(slots=True, eq=False)
 class _Call:
     """A request waiting in an open bundle, then for its reply."""
 
@@ -162,7 +153,6 @@ class _Call:
     parts: list[Buffer]
     key: str
     token: int = 0
-    sent: _Sent | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -190,11 +180,9 @@ class Dispatcher:
             the stable version's batchers instead of through the router.
         bundles: send request bundles (off: one message per request, with
             headers, as before bundles existed).
-        bundle_window_s: longest a request waits in an open bundle (while
-            `bundle_max_in_flight` bundles of its subject are unanswered).
+        bundle_window_s: how long a bundle collects requests while the gateway
+            is saturated.
         bundle_max_requests: a bundle is sent once it holds this many requests.
-        bundle_max_in_flight: bundles of one subject sent and not yet answered
-            before new requests wait for one of them (when saturated).
         busy: tells whether the gateway is saturated (default: a `LoopLoad`
             of this event loop, saturated from `bundle_busy_demand` on).
         bundle_busy_demand: `LoopLoad` demand from which the default `busy` says yes.
@@ -208,9 +196,8 @@ class Dispatcher:
         *,
         direct: bool = False,
         bundles: bool = True,
-        bundle_window_s: float = 0.005,
+        bundle_window_s: float = 0.003,
         bundle_max_requests: int = 256,
-        bundle_max_in_flight: int = 1,
         busy: Callable[[], bool] | None = None,
         bundle_busy_demand: float = 0.85,
     ) -> None:
@@ -218,7 +205,6 @@ class Dispatcher:
         self._bundles = bundles
         self._window_s = bundle_window_s
         self._max_requests = bundle_max_requests
-        self._max_in_flight = bundle_max_in_flight
         self._load: LoopLoad | None = None
         if busy is None:
             self._load = LoopLoad(high=bundle_busy_demand, low=bundle_busy_demand - 0.15)
@@ -235,8 +221,6 @@ class Dispatcher:
         self._pending: dict[int, _Call | asyncio.Future[Reply]] = {}
         self._next_token = 1
         self._open: dict[str, _Bundle] = {}
-        self._outstanding: dict[str, int] = {}
-        """Bundles sent per subject with calls still waiting."""
         self._sends: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
 
@@ -480,12 +464,11 @@ class Dispatcher:
         lead = None
         if bundle is None:
             bundle = self._open[key] = _Bundle(key, model, version, max_rows=max_rows)
-            if self._outstanding.get(key, 0) < self._max_in_flight or not self._busy():
+            if not self._busy():
                 # Not saturated: only what arrives in this loop turn joins; this call sends it.
                 lead = bundle
             else:
-                # Saturated, and enough is on its way: collect until a bundle comes
-                # back, at most this long.
+                # Saturated: requests queue in front of the loop anyway; collect a while.
                 HELD_BUNDLES.inc()
                 window = self._window_s if window_s is None else min(window_s, self._window_s)
                 bundle.timer = asyncio.get_running_loop().call_later(window, self._flush, key)
@@ -529,12 +512,9 @@ class Dispatcher:
             return None
         first = self._next_token
         self._next_token += len(calls)
-        sent = _Sent(key, len(calls))
         for i, call in enumerate(calls):
             call.token = call.request.token = first + i
-            call.sent = sent
             self._pending[call.token] = call
-        self._outstanding[key] = self._outstanding.get(key, 0) + 1
         BUNDLE_REQUESTS.observe(len(calls))
         try:
             payload = encode_request_bundle(
@@ -563,25 +543,9 @@ class Dispatcher:
                     call.fut.set_exception(err)
 
     def _done(self, call: _Call) -> None:
-        """A call ended (answered, timed out or cancelled): forget its token; the
-        last call of a bundle sends the open bundle of its subject."""
-        sent = call.sent
-        if sent is None:
-            return
-        call.sent = None
-        self._pending.pop(call.token, None)
-        sent.left -= 1
-        if sent.left:
-            return
-        key = sent.key
-        left = self._outstanding.get(key, 1) - 1
-        if left > 0:
-            self._outstanding[key] = left
-        else:
-            self._outstanding.pop(key, None)
-        if key in self._open:
-            # A bundle came back: the platform has room again; what collected goes.
-            self._flush(key)
+        """A call ended (answered, timed out or cancelled): forget its token."""
+        if call.token:
+            self._pending.pop(call.token, None)
 
     async def _call_single(
         self,

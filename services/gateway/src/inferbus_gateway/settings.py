@@ -108,16 +108,12 @@ class GatewaySettings(ServiceSettings):
     bundle_busy_demand: float = Field(default=0.85, ge=0.0, le=2.0)
     """Share of wall time the gateway's event-loop thread runs or waits to run (its
     demand, sampled from the scheduler every 20 ms) from which on the gateway counts as
-    saturated. Saturated, and with ``bundle_max_in_flight`` bundles of a model (version)
-    unanswered, new requests wait in an open bundle for one of those to come back, so
-    bundles grow with the load (fewer messages, less CPU per request); otherwise a
-    bundle holds what arrives in one event-loop turn and no request waits. 0: always
-    wait like that; above 1: never."""
-    bundle_max_in_flight: int = Field(default=1, ge=1, le=1024)
-    """Bundles of one model (version) sent and not answered yet before new requests
-    wait for one of them (while the gateway is saturated)."""
-    bundle_window_us: int = Field(default=5000, ge=0, le=1_000_000)
-    """Longest a request waits in an open bundle for one in flight to come back."""
+    saturated. Saturated, a bundle collects requests for ``bundle_window_us`` (fewer,
+    fuller messages: less CPU per request where CPU is what limits); otherwise a bundle
+    holds what arrives in one event-loop turn and no request waits. 0: always collect;
+    above 1: never."""
+    bundle_window_us: int = Field(default=3000, ge=0, le=1_000_000)
+    """How long a bundle collects requests while the gateway is saturated."""
     bundle_max_requests: int = Field(default=256, ge=1, le=65535)
     """A bundle is sent as soon as it holds this many requests."""
 

@@ -15,6 +15,7 @@ server the way ``fetch(n)`` does.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 import nats.errors
 from nats.aio.client import Client
@@ -52,6 +53,7 @@ class PullConsumer:
         self._inbox = nc.new_inbox()
         self._seq = 0
         self._sub: Subscription | None = None
+        self._pushback: Msg | None = None
 
     async def start(self) -> None:
         """Subscribe to the inbox pulls are answered on."""
@@ -63,13 +65,22 @@ class PullConsumer:
             sub, self._sub = self._sub, None
             await sub.unsubscribe()
 
-    async def fetch(self, batch: int, expires_s: float, *, no_wait: bool = False) -> list[Msg]:
+    async def fetch(
+        self,
+        batch: int,
+        expires_s: float,
+        *,
+        no_wait: bool = False,
+        on_idle: Callable[[], Awaitable[None]] | None = None,
+        idle_after_s: float = 0.0,
+    ) -> list[Msg]:
         """Up to `batch` messages.
 
         A long poll (``no_wait=False``) returns as soon as `batch` messages
         came, or when the server ends the request after `expires_s` with what
         came by then (possibly nothing). A no-wait pull returns what is
-        waiting right now.
+        waiting right now. `on_idle` is awaited once when a long poll has
+        waited `idle_after_s` without a message (nothing was waiting).
 
         Raises:
             ConsumerGone: the consumer or its stream is gone, or the server
@@ -87,9 +98,19 @@ class PullConsumer:
             request["expires"] = int(expires_s * 1e9)
         await self._nc.publish(self._subject, json.dumps(request).encode(), reply=reply)
         timeout = expires_s + _GRACE_S
+        if on_idle is not None and not no_wait:
+            try:
+                first = await self._sub.next_msg(timeout=idle_after_s)
+            except nats.errors.TimeoutError:
+                await on_idle()
+            else:
+                self._pushback = first
         while len(out) < batch:
             try:
-                msg = await self._sub.next_msg(timeout=timeout)
+                if self._pushback is not None:
+                    msg, self._pushback = self._pushback, None
+                else:
+                    msg = await self._sub.next_msg(timeout=timeout)
             except nats.errors.TimeoutError:
                 break  # the server's end of the request never came: give up on it
             headers = msg.headers

@@ -224,7 +224,7 @@ class ModelRunner:
         self._children: dict[tuple[object, ...], Any] = {}
         self._log_extra = {"model": deployed.model, "version": deployed.version}
         self._idle_subject = subjects.idle(settings.pool, deployed.model, deployed.version)
-        self._queue_empty = True
+        self._idle_after_s = settings.idle_signal_after_us / 1e6
         self._inline = InlineRuns(0.0 if runs_on_gpu(engine) else settings.inline_run_max_us / 1e6)
         # Most micro-batches one execution may join (each holds at least one row).
         self._merge_limit = (
@@ -297,15 +297,17 @@ class ModelRunner:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
-            if self._queue_empty:
-                # Tell the batchers: requests for this version need not wait to fill.
-                with contextlib.suppress(*_NATS_ERRORS):
-                    await self._nc.publish(self._idle_subject, b"")
             try:
                 # One batch per free slot: a long poll for one returns as soon as a
                 # batch is there, and leaves no pull open on the server that would
-                # deliver batches nobody has a slot for.
-                msgs = await self._puller.fetch(1, self._settings.fetch_timeout_s)
+                # deliver batches nobody has a slot for. Nothing there within the
+                # idle delay: tell the batchers (`_signal_idle`).
+                msgs = await self._puller.fetch(
+                    1,
+                    self._settings.fetch_timeout_s,
+                    on_idle=self._signal_idle,
+                    idle_after_s=self._idle_after_s,
+                )
             except ConsumerGone as exc:
                 # Nobody answers pulls for the consumer: it (or its memory-storage
                 # stream) went away with a nats-server restart. Create it again.
@@ -319,12 +321,9 @@ class ModelRunner:
                 await asyncio.sleep(self._settings.fetch_timeout_s)
                 continue
             if not msgs:
-                # No batch within the poll.
-                self._queue_empty = True
-                continue
+                continue  # no batch within the poll
             pending = msgs[-1].metadata.num_pending or 0
-            self._queue_empty = pending == 0
-            if self._merge_limit > 1 and msgs:
+            if self._merge_limit > 1:
                 if pending > 0:
                     msgs += await self._fetch_waiting(min(pending, self._merge_limit - 1))
             for group in self._plan(msgs):
@@ -332,6 +331,14 @@ class ModelRunner:
                 task = asyncio.create_task(self._handle(group))
                 self._inflight.add(task)
                 task.add_done_callback(self._finished)
+
+    async def _signal_idle(self) -> None:
+        """A free slot and no batch waiting: requests for this version need not wait
+        to fill a batch (the batchers dispatch at once on this signal). Sent only
+        after a pull found nothing for `idle_signal_after_us`, so a busy worker,
+        whose next batch is already there, sends none."""
+        with contextlib.suppress(*_NATS_ERRORS):
+            await self._nc.publish(self._idle_subject, b"")
 
     async def _restore_consumer(self) -> None:
         """Create the durable consumer again (idempotent); wait a little if that fails.

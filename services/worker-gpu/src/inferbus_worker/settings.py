@@ -51,6 +51,10 @@ class WorkerSettings(ServiceSettings):
     """Deliveries of one micro-batch before it is given up."""
     fetch_timeout_s: float = Field(default=1.0, gt=0)
     """Long-poll time of one fetch; also the longest a drain waits for a pending fetch."""
+    idle_signal_after_us: float = Field(default=200.0, ge=0)
+    """A pull that finds no batch for this long tells the batchers this worker is
+    idle (they then send waiting requests at once instead of filling a batch). A
+    worker whose next batch is already queued sends no signal."""
     max_merge_batches: int = Field(default=32, ge=1)
     """Most waiting micro-batches joined into one engine execution (1 disables merging)."""
     inline_run_max_us: float = Field(default=300.0, ge=0)
