@@ -18,8 +18,12 @@ Per micro-batch:
    replies; a worker dying before the ack gets the batch redelivered
    (at-least-once inside, the gateway keeps the first answer);
 5. inputs the engine rejects are answered ``INVALID_ARGUMENT`` and the batch
-   is terminated; other engine failures are retried with ``nak(delay)`` until
-   the last delivery, which is answered ``INTERNAL`` and terminated.
+   is terminated (when the batch holds several requests, each runs alone
+   first, `inferbus_worker.isolation`: only the ones refused alone fail);
+   other engine failures are retried with ``nak(delay)`` until the last
+   delivery, which is answered ``INTERNAL`` and terminated. Failures the
+   engine knows will recur for the same inputs (a kernel failing on its
+   data) count as rejections, never as retries.
 
 Merging: when a fetched micro-batch says more are waiting for the consumer
 (JetStream's ``num_pending``), the runner takes those at once (a no-wait
@@ -83,6 +87,7 @@ from inferbus_common.wire import (
 )
 from inferbus_worker import metrics
 from inferbus_worker.engines import Engine, EngineError, EngineInputError, TensorRTEngine
+from inferbus_worker.isolation import run_alone
 from inferbus_worker.microbatch import (
     BatchReplies,
     LiveRequest,
@@ -568,8 +573,16 @@ class ModelRunner:
             if split_on_reject:
                 # Expired requests may be answered twice then; the gateway keeps the first.
                 return False
-            await self._poison(msgs, live_entries, StatusCode.INVALID_ARGUMENT, exc.message)
-            return True
+            if len(requests) < 2 or self._config.max_batch_size <= 0:
+                await self._poison(msgs, live_entries, StatusCode.INVALID_ARGUMENT, exc.message)
+                return True
+            # One request's rows are usually at fault: answer the others as usual.
+            outputs, requests = await self._run_alone(inputs, requests)
+            if not requests:
+                for msg in msgs:
+                    await msg.term()
+                metrics.BATCHES.labels(**self._labels, outcome="invalid").inc(len(msgs))
+                return True
         except EngineError as exc:
             if delivered < self._settings.max_deliver:
                 log.warning(
@@ -628,6 +641,23 @@ class ModelRunner:
             for msg in msgs:
                 with contextlib.suppress(*_NATS_ERRORS):
                     await msg.in_progress()
+
+    async def _run_alone(
+        self, inputs: dict[str, np.ndarray], requests: list[LiveRequest]
+    ) -> tuple[dict[str, np.ndarray], list[LiveRequest]]:
+        """After the engine refused the batch: each request alone (`isolation.run_alone`).
+
+        Answers the requests that fail alone; returns the outputs and requests
+        of those that computed.
+        """
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(
+            self._pool, run_alone, self._engine, inputs, requests, self._outputs
+        )
+        for r, code, message in result.rejected:
+            headers, body = error_reply(self._reply_ctx, r.entry, code, message)
+            await self._reply(r.entry, headers, body, code.name)
+        return result.outputs, result.requests
 
     async def _preprocess(
         self,

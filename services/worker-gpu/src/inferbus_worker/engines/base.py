@@ -46,9 +46,14 @@ class Engine(Protocol):
     ) -> dict[str, np.ndarray]:
         """Compute `output_names` from `inputs` (batch axis 0).
 
+        BYTES tensors are object arrays of ``bytes`` both ways (inputs may
+        also hold ``str``); an engine whose library wants another form
+        converts inside `run`.
+
         Raises:
-            EngineInputError: the engine refused these inputs.
-            EngineError: the engine failed otherwise.
+            EngineInputError: the engine refused these inputs, or failed on
+                them in a way that will recur (retrying cannot help).
+            EngineError: the engine failed otherwise (a retry may pass).
         """
         ...
 
