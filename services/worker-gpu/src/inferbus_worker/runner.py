@@ -98,6 +98,7 @@ from inferbus_worker.microbatch import (
 )
 from inferbus_worker.processing import Processing
 from inferbus_worker.settings import WorkerSettings
+from inferbus_worker.stats import VersionCounters
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,8 @@ class ModelRunner:
             # The engine is asked for its own outputs; post-processing makes the client's.
             self._outputs = list(processing.engine_outputs)
         self._labels = {"model": deployed.model, "version": deployed.version}
+        self.stats = VersionCounters()
+        """Cumulative statistics, reported in the heartbeat (Triton's statistics)."""
         self._children: dict[tuple[object, ...], Any] = {}
         self._log_extra = {"model": deployed.model, "version": deployed.version}
         self._idle_subject = subjects.idle(settings.pool, deployed.model, deployed.version)
@@ -520,6 +523,7 @@ class ModelRunner:
             # Shadow compare: the router's copy goes out after the client's reply.
             await self._nc.publish(entry.mirror, body, headers=headers)
         self._metric(metrics.REPLIES, status=status).inc()
+        self.stats.failed(entry)  # only error replies come here
 
     async def _fail_all(self, entries: list[BatchEntry], code: StatusCode, message: str) -> None:
         for entry in entries:
@@ -603,6 +607,7 @@ class ModelRunner:
         rows = sum(r.entry.rows for r in requests)
         self._observe(requests, rows, start_ns, compute_s)
         await self._answer(requests, outputs, rows, start_ns, compute_s, stages=stages)
+        self.stats.executed(requests, start_ns, compute_s, stages, time.monotonic() - t0)
         for msg in msgs:
             await msg.ack()
         self._metric(metrics.BATCHES, outcome="ok").inc(len(msgs))

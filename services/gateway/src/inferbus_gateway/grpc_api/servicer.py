@@ -13,8 +13,10 @@ from inferbus_gateway.access import RequestScope
 from inferbus_gateway.grpc_api.converters import request_from_proto, response_to_proto
 from inferbus_gateway.repository import RepositoryExtension
 from inferbus_gateway.service import InferenceService
+from inferbus_gateway.triton import to_proto
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 from inferbus_proto.v2 import grpc_predict_v2_pb2_grpc as pb_grpc
+from inferbus_proto.v2 import model_config_pb2 as mc
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -139,6 +141,27 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for spec in md["outputs"]:
                 resp.outputs.add(**spec)
             return resp
+
+        return await _guard(context, run)
+
+    async def ModelConfig(self, request, context):
+        """Triton's model configuration of a model (version)."""
+
+        async def run() -> pb.ModelConfigResponse:
+            await self._service.authorize(_metadata(context), request.name)
+            doc = self._service.model_config(request.name, request.version)
+            return pb.ModelConfigResponse(config=to_proto(doc, mc.ModelConfig()))
+
+        return await _guard(context, run)
+
+    async def ModelStatistics(self, request, context):
+        """Triton's statistics of a version, a model's versions, or every model."""
+
+        async def run() -> pb.ModelStatisticsResponse:
+            entries = await self._service.model_statistics(
+                _metadata(context), request.name, request.version
+            )
+            return to_proto({"model_stats": entries}, pb.ModelStatisticsResponse())
 
         return await _guard(context, run)
 

@@ -102,6 +102,24 @@ def rest_app(
         except InferbusError as exc:
             return _error(exc)
 
+    async def model_config(request: Request) -> Response:
+        p = request.path_params
+        try:
+            await service.authorize(request.headers, p["model"])
+            return JSONResponse(service.model_config(p["model"], p.get("version", "")))
+        except InferbusError as exc:
+            return _error(exc)
+
+    async def model_stats(request: Request) -> Response:
+        p = request.path_params
+        try:
+            entries = await service.model_statistics(
+                request.headers, p.get("model", ""), p.get("version", "")
+            )
+        except InferbusError as exc:
+            return _error(exc)
+        return JSONResponse({"model_stats": entries})
+
     async def model_ready(request: Request) -> Response:
         p = request.path_params
         ok = service.model_ready(p["model"], p.get("version", ""))
@@ -165,8 +183,13 @@ def rest_app(
             Route("/v2/health/live", live),
             Route("/v2/health/ready", ready),
             Route("/v2", server_metadata),
+            Route("/v2/models/stats", model_stats),
+            Route("/v2/models/{model}/stats", model_stats),
+            Route("/v2/models/{model}/versions/{version}/stats", model_stats),
             Route("/v2/models/{model}", model_metadata),
             Route("/v2/models/{model}/versions/{version}", model_metadata),
+            Route("/v2/models/{model}/config", model_config),
+            Route("/v2/models/{model}/versions/{version}/config", model_config),
             Route("/v2/models/{model}/ready", model_ready),
             Route("/v2/models/{model}/versions/{version}/ready", model_ready),
             Route("/v2/models/{model}/infer", infer, methods=["POST"]),

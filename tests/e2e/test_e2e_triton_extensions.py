@@ -1,0 +1,157 @@
+"""Triton's model configuration and statistics extensions with Triton's own client.
+
+`tritonclient` 2.73, unmodified, over gRPC and HTTP against the fraud stack
+(two workers): ``get_model_config`` answers a Triton-shaped config;
+``get_inference_statistics`` answers the sum of both workers' counters (from
+their heartbeats) and follows the requests sent; server metadata lists the
+extensions.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.integration
+
+EXTENSIONS = {"binary_tensor_data", "model_repository", "model_configuration", "statistics"}
+
+
+def test_server_metadata_lists_the_extensions(stack) -> None:
+    grpc_client = grpcclient.InferenceServerClient(stack.grpc_url)
+    http_client = httpclient.InferenceServerClient(stack.http_url)
+    try:
+        assert EXTENSIONS <= set(grpc_client.get_server_metadata().extensions)
+        assert EXTENSIONS <= set(http_client.get_server_metadata()["extensions"])
+    finally:
+        grpc_client.close()
+        http_client.close()
+
+
+def test_model_config_over_grpc_and_http(stack) -> None:
+    grpc_client = grpcclient.InferenceServerClient(stack.grpc_url)
+    http_client = httpclient.InferenceServerClient(stack.http_url)
+    try:
+        over_grpc = grpc_client.get_model_config("fraud", as_json=True)["config"]
+        over_http = http_client.get_model_config("fraud")
+        pinned = http_client.get_model_config("fraud", model_version="1")
+    finally:
+        grpc_client.close()
+        http_client.close()
+    for config in (over_grpc, over_http, pinned):
+        assert config["name"] == "fraud"
+        assert config["platform"] == "onnxruntime_onnx"
+        assert config["backend"] == "onnxruntime"
+        assert config["max_batch_size"] == 32
+        (inp,) = config["input"]
+        assert (inp["name"], inp["data_type"]) == ("input", "TYPE_FP32")
+        assert [int(d) for d in inp["dims"]] == [64]
+        (out,) = config["output"]
+        assert (out["name"], out["data_type"]) == ("probabilities", "TYPE_FP32")
+        assert [int(d) for d in out["dims"]] == [2]
+        assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 500
+        assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    # The HTTP form is Triton's: integers are JSON numbers.
+    assert over_http["input"][0]["dims"] == [64]
+
+
+def test_model_config_of_an_unknown_model_is_not_found(stack) -> None:
+    client = grpcclient.InferenceServerClient(stack.grpc_url)
+    try:
+        with pytest.raises(InferenceServerException) as err:
+            client.get_model_config("no-such-model")
+        assert err.value.status() == "StatusCode.NOT_FOUND"
+    finally:
+        client.close()
+    resp = httpx.get(f"http://{stack.http_url}/v2/models/fraud/versions/9/config", timeout=10)
+    assert resp.status_code == 404
+    assert "version '9'" in resp.json()["error"]
+
+
+def _count(entry: dict, *path: str) -> int:
+    """A counter of a stats entry (gRPC's JSON leaves zeros out and writes int64 as text)."""
+    for key in path:
+        entry = entry.get(key, {})
+    return int(entry or 0)
+
+
+def _stats(client, **kwargs) -> dict:
+    (entry,) = [
+        e
+        for e in client.get_inference_statistics("fraud", **kwargs)["model_stats"]
+        if e["version"] == "1"
+    ]
+    return entry
+
+
+def test_statistics_follow_the_requests_over_both_protocols(stack) -> None:
+    grpc_client = grpcclient.InferenceServerClient(stack.grpc_url)
+    http_client = httpclient.InferenceServerClient(stack.http_url)
+    try:
+        before = _stats(grpc_client, as_json=True)
+        x = np.ones((3, 64), np.float32)
+        for _ in range(5):
+            inp = grpcclient.InferInput("input", [3, 64], "FP32")
+            inp.set_data_from_numpy(x)
+            grpc_client.infer("fraud", [inp])
+        for _ in range(4):
+            inp = httpclient.InferInput("input", [3, 64], "FP32")
+            inp.set_data_from_numpy(x)
+            http_client.infer("fraud", [inp])
+        # Workers report in their heartbeats (every 2 s): wait for both to have.
+        deadline = time.monotonic() + 20
+        while True:
+            after = _stats(grpc_client, as_json=True)
+            if _count(after, "inference_count") >= _count(before, "inference_count") + 27:
+                break
+            assert time.monotonic() < deadline, after
+            time.sleep(0.1)
+        over_http = _stats(http_client)
+    finally:
+        grpc_client.close()
+        http_client.close()
+
+    # Nothing else runs in this module meanwhile: exactly these 9 requests of 3 rows.
+    assert _count(after, "inference_count") - _count(before, "inference_count") == 27
+    for stage in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+        done = _count(after, "inference_stats", stage, "count")
+        assert done - _count(before, "inference_stats", stage, "count") == 9, stage
+    assert _count(after, "inference_stats", "compute_infer", "ns") > _count(
+        before, "inference_stats", "compute_infer", "ns"
+    )
+    assert _count(after, "inference_stats", "success", "ns") >= _count(
+        after, "inference_stats", "compute_infer", "ns"
+    )
+    executions = _count(after, "execution_count")
+    assert 1 <= executions - _count(before, "execution_count") <= 9
+    # Every execution is in batch_stats under its rows; rows add up to the inferences.
+    batches = after["batch_stats"]
+    assert sum(int(b["compute_infer"]["count"]) for b in batches) == executions
+    assert sum(int(b["batch_size"]) * int(b["compute_infer"]["count"]) for b in batches) == _count(
+        after, "inference_count"
+    )
+    assert int(after["last_inference"]) > 0
+    # HTTP answers the same figures (JSON numbers).
+    assert over_http["inference_count"] == _count(after, "inference_count")
+    assert over_http["execution_count"] == executions
+
+
+def test_statistics_of_every_model_and_of_unknown_ones(stack) -> None:
+    resp = httpx.get(f"http://{stack.http_url}/v2/models/stats", timeout=10)
+    assert resp.status_code == 200
+    assert [(e["name"], e["version"]) for e in resp.json()["model_stats"]] == [("fraud", "1")]
+    resp = httpx.get(f"http://{stack.http_url}/v2/models/nope/stats", timeout=10)
+    assert resp.status_code == 404
+    assert "nope" in resp.json()["error"]
+    client = grpcclient.InferenceServerClient(stack.grpc_url)
+    try:
+        every = client.get_inference_statistics(as_json=True)["model_stats"]
+        assert [(e["name"], e["version"]) for e in every] == [("fraud", "1")]
+    finally:
+        client.close()
