@@ -155,3 +155,87 @@ def test_statistics_of_every_model_and_of_unknown_ones(stack) -> None:
         assert [(e["name"], e["version"]) for e in every] == [("fraud", "1")]
     finally:
         client.close()
+
+
+# --- REST protocol details: JSON errors everywhere, compression, 413 ---------------------
+# (after the statistics tests: these send inferences the counts above must not see)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "allowed"),
+    [
+        ("GET", "/v2/no/such/route", 404, ""),
+        ("POST", "/nothing", 404, ""),
+        ("GET", "/v2/models/fraud/infer", 405, "POST"),
+        ("DELETE", "/v2/models/fraud", 405, "GET"),
+    ],
+)
+def test_unknown_routes_and_wrong_methods_answer_json_errors(
+    stack, method, path, status, allowed
+) -> None:
+    resp = httpx.request(method, f"http://{stack.http_url}{path}", timeout=10)
+    assert resp.status_code == status
+    assert resp.headers["content-type"].startswith("application/json")
+    error = resp.json()["error"]
+    assert method in error and path in error
+    if allowed:
+        assert allowed in resp.headers["allow"]
+        assert allowed in error
+
+
+def test_tritonclient_reads_a_404_as_an_error(stack) -> None:
+    client = httpclient.InferenceServerClient(stack.http_url)
+    try:
+        with pytest.raises(InferenceServerException) as err:
+            client.get_model_metadata("no-such-model")
+        assert "no-such-model" in err.value.message()
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("request_alg", "response_alg"), [("gzip", "deflate"), ("deflate", "gzip")]
+)
+@pytest.mark.parametrize("binary", [True, False])
+def test_compressed_requests_and_responses(stack, request_alg, response_alg, binary) -> None:
+    client = httpclient.InferenceServerClient(stack.http_url)
+    x = np.arange(2 * 64, dtype=np.float32).reshape(2, 64) / 100
+    try:
+        inp = httpclient.InferInput("input", [2, 64], "FP32")
+        inp.set_data_from_numpy(x, binary_data=binary)
+        out = httpclient.InferRequestedOutput("probabilities", binary_data=binary)
+        result = client.infer(
+            "fraud",
+            [inp],
+            outputs=[out],
+            request_compression_algorithm=request_alg,
+            response_compression_algorithm=response_alg,
+        )
+        plain = client.infer("fraud", [inp], outputs=[out])
+    finally:
+        client.close()
+    np.testing.assert_allclose(result.as_numpy("probabilities"), plain.as_numpy("probabilities"))
+    assert result.as_numpy("probabilities").shape == (2, 2)
+
+
+def test_body_over_the_limit_is_413_even_when_it_decompresses_there(stack) -> None:
+    import gzip
+
+    # 100 MB of JSON whitespace in ~100 KB of gzip: refused while decompressing.
+    head = b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": ['
+    bomb = gzip.compress(head + b" " * (100 << 20) + b"0]}]}")
+    resp = httpx.post(
+        f"http://{stack.http_url}/v2/models/fraud/infer",
+        content=bomb,
+        headers={"content-encoding": "gzip"},
+        timeout=30,
+    )
+    assert resp.status_code == 413, resp.text
+    assert "limit" in resp.json()["error"]
+    resp = httpx.post(
+        f"http://{stack.http_url}/v2/models/fraud/infer",
+        content=b"not gzip",
+        headers={"content-encoding": "gzip"},
+        timeout=30,
+    )
+    assert resp.status_code == 400 and "gzip" in resp.json()["error"]

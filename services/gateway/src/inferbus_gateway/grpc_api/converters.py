@@ -44,6 +44,12 @@ def _typed_to_raw(t: pb.ModelInferRequest.InferInputTensor, shape: tuple[int, ..
             f"input '{t.name}': {t.datatype} has no typed contents field; send it in "
             "raw_input_contents"
         )
+    others = [f.name for f, v in t.contents.ListFields() if f.name != field and len(v) > 0]
+    if others:
+        raise InvalidArgument(
+            f"input '{t.name}': {t.datatype} values go in contents.{field}; "
+            f"contents.{', contents.'.join(others)} must be empty"
+        )
     values = getattr(t.contents, field)
     count = element_count(shape)
     if len(values) != count:
@@ -90,10 +96,17 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
     priority = 0
     timeout_override = timeout_s
     for key, value in req.parameters.items():
+        if key not in ("priority", "timeout"):
+            continue
         v = _param_value(value)
-        if key == "priority" and isinstance(v, int):
-            priority = int(v)
-        elif key == "timeout" and isinstance(v, int) and v > 0:
+        if type(v) is not int or v < 0:
+            raise InvalidArgument(
+                f"parameter '{key}' must be a non-negative int64_param or uint64_param, "
+                f"got {value.WhichOneof('parameter_choice') or 'nothing'} {v!r}"
+            )
+        if key == "priority":
+            priority = v
+        elif v > 0:
             # Triton's convention: the request parameter "timeout" is in microseconds.
             t = v / 1e6
             timeout_override = t if timeout_override is None else min(t, timeout_override)
