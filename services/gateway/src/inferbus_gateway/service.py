@@ -71,7 +71,13 @@ LATENCY = Histogram(
     ),
 )
 
-SERVER_EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration", "statistics"]
+SERVER_EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_repository",
+    "model_configuration",
+    "statistics",
+]
 """Triton protocol extensions this gateway speaks (server metadata lists them)."""
 _MAX_CHECKERS = 1024
 """Versions whose request checkers are kept (beyond it they start over)."""

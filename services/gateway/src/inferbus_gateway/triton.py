@@ -84,15 +84,12 @@ def _dynamic_batching(config: ModelConfig) -> dict[str, Any]:
     }
 
 
-def triton_config(
-    name: str, dv: DeployedVersion, *, labels: dict[str, str] | None = None
-) -> dict[str, Any]:
+def triton_config(name: str, dv: DeployedVersion) -> dict[str, Any]:
     """The Triton-shaped configuration of a deployed version, as JSON.
 
     Args:
         name: the model name the client asked for.
         dv: the version.
-        labels: output name → labels file of the classification extension.
 
     The tensors are the ones clients send and get (with pre/post-processing,
     not the engine's). ``instance_group.count`` is per worker: each worker of
@@ -100,14 +97,13 @@ def triton_config(
     """
     config = dv.config
     batched = config.max_batch_size > 0
-    labels = labels or {}
     doc: dict[str, Any] = {
         "name": name,
         "platform": config.platform,
         "backend": _BACKENDS[config.engine.kind],
         "max_batch_size": config.max_batch_size,
         "input": [_input(s, batched) for s in config.inputs],
-        "output": [_output(s, batched, labels.get(s.name, "")) for s in config.outputs],
+        "output": [_output(s, batched, s.label_filename or "") for s in config.outputs],
         "instance_group": [
             {
                 "name": f"{name}_0",

@@ -38,7 +38,7 @@ from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.signing import ALGORITHM, sign, signed_payload
 from inferbus_registry import naming
 from inferbus_registry.onnxcheck import check_onnx
-from inferbus_registry.processingcheck import check_processing
+from inferbus_registry.processingcheck import check_label_files, check_processing
 from inferbus_registry.profilecheck import PROFILE_FILE, check_profile
 from inferbus_registry.store import Store
 
@@ -678,6 +678,8 @@ class ModelRepository:
                 await asyncio.to_thread(check_onnx, spool.path(config.file), config.engine_view())
             if config.processing is not None:
                 await asyncio.to_thread(check_processing, config, files, spool.path)
+            if config.label_files():
+                await asyncio.to_thread(check_label_files, config, files, spool.path)
             if PROFILE_FILE in files:
                 await asyncio.to_thread(check_profile, spool.path(PROFILE_FILE), config, model)
             files[CONFIG_FILE] = FileInfo(

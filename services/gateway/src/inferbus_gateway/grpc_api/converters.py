@@ -13,6 +13,7 @@ from inferbus_common.codec import Tensor, element_count, serialize_bytes
 from inferbus_common.datatypes import ALL_DATATYPES, BYTES, numpy_dtype
 from inferbus_common.errors import InvalidArgument
 from inferbus_gateway.canonical import InferRequest, InferResponse
+from inferbus_gateway.classification import class_count
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 
 #: V2 datatype → the `InferTensorContents` field that carries it (FP16 has none).
@@ -110,6 +111,11 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
             # Triton's convention: the request parameter "timeout" is in microseconds.
             t = v / 1e6
             timeout_override = t if timeout_override is None else min(t, timeout_override)
+    classification = {
+        o.name: class_count(_param_value(o.parameters["classification"]), o.name)
+        for o in req.outputs
+        if "classification" in o.parameters
+    }
     return InferRequest(
         model=req.model_name,
         version=req.model_version,
@@ -118,6 +124,7 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
         outputs=[o.name for o in req.outputs],
         priority=priority,
         timeout_s=timeout_override,
+        classification=classification,
     )
 
 

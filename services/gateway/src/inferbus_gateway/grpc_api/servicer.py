@@ -10,6 +10,7 @@ import grpc
 
 from inferbus_common.errors import InferbusError, ResourceExhausted, Unavailable, status_of
 from inferbus_gateway.access import RequestScope
+from inferbus_gateway.classification import Classifier
 from inferbus_gateway.grpc_api.converters import request_from_proto, response_to_proto
 from inferbus_gateway.repository import RepositoryExtension
 from inferbus_gateway.service import InferenceService
@@ -56,10 +57,12 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         *,
         access_log: bool = True,
         repository: RepositoryExtension | None = None,
+        classifier: Classifier | None = None,
     ) -> None:
         self._service = service
         self._access_log = access_log
         self._repository = repository
+        self._classifier = classifier
 
     # --- Triton's model repository extension (inferbus_gateway.repository) ----------
     def _repo(self) -> RepositoryExtension:
@@ -179,6 +182,12 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 scope.request = canonical
                 response = await self._service.infer(canonical, "grpc", headers)
                 scope.response = response
+                if canonical.classification:
+                    if self._classifier is None:
+                        raise Unavailable(
+                            "the classification extension needs the registry (labels files)"
+                        )
+                    await self._classifier.apply(canonical, response)
             if response.degraded:
                 context.set_trailing_metadata((("x-inferbus-degraded", response.degraded),))
             return response_to_proto(response)

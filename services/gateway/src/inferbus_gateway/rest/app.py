@@ -25,10 +25,13 @@ from inferbus_common.errors import (
     InvalidArgument,
     ResourceExhausted,
     Unauthenticated,
+    Unavailable,
     status_of,
 )
 from inferbus_gateway.access import RequestScope
 from inferbus_gateway.admission import BreakerOpen
+from inferbus_gateway.canonical import InferRequest, InferResponse
+from inferbus_gateway.classification import Classifier
 from inferbus_gateway.generation import GenerationService
 from inferbus_gateway.repository import RepositoryExtension
 from inferbus_gateway.rest.codec import HEADER_LENGTH, request_from_http, response_to_http
@@ -110,6 +113,15 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def _classify(
+    classifier: Classifier | None, request: InferRequest, response: InferResponse
+) -> None:
+    """Apply the classification extension to an answer (both protocols call this)."""
+    if classifier is None:
+        raise Unavailable("the classification extension needs the registry (labels files)")
+    await classifier.apply(request, response)
+
+
 def _server_timing(timings: dict[str, float]) -> str:
     return ", ".join(f"{k};dur={v:.3f}" for k, v in timings.items())
 
@@ -121,6 +133,7 @@ def rest_app(
     access_log: bool = True,
     repository: RepositoryExtension | None = None,
     generation: GenerationService | None = None,
+    classifier: Classifier | None = None,
 ) -> Starlette:
     """Build the V2 REST app around an `InferenceService`.
 
@@ -130,6 +143,7 @@ def rest_app(
         access_log: write one access-log line per inference request.
         repository: Triton's model repository extension (None: its routes are absent).
         generation: the OpenAI-compatible endpoints (None: their routes are absent).
+        classifier: Triton's classification extension (None: requests for it are refused).
     """
 
     async def live(_: Request) -> Response:
@@ -215,6 +229,8 @@ def rest_app(
             scope.request = req
             resp = await service.infer(req, "http", request.headers)
             scope.response = resp
+            if req.classification:
+                await _classify(classifier, req, resp)
             payload, json_len = response_to_http(resp, binary_outputs, binary_all)
         except InferbusError as exc:
             scope.finish(exc)

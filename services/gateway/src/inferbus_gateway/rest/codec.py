@@ -24,6 +24,7 @@ from inferbus_common.codec import (
 from inferbus_common.datatypes import ALL_DATATYPES, BYTES, numpy_dtype
 from inferbus_common.errors import InvalidArgument
 from inferbus_gateway.canonical import InferRequest, InferResponse
+from inferbus_gateway.classification import class_count
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -179,6 +180,7 @@ def request_from_http(
         raise InvalidArgument("'parameters' must be a JSON object")
     binary_all = bool(req_params.get("binary_data_output", False))
     outputs, binary_outputs = [], set()
+    classification: dict[str, int] = {}
     requested = doc.get("outputs") or []
     if not isinstance(requested, list):
         raise InvalidArgument("'outputs' must be a list of objects with a 'name'")
@@ -189,6 +191,8 @@ def request_from_http(
         op = out.get("parameters") or {}
         if isinstance(op, dict) and op.get("binary_data"):
             binary_outputs.add(out["name"])
+        if isinstance(op, dict) and "classification" in op:
+            classification[out["name"]] = class_count(op["classification"], out["name"])
     priority = _int_parameter(req_params, "priority")
     timeout_param = _int_parameter(req_params, "timeout")
     if timeout_param > 0:
@@ -205,6 +209,7 @@ def request_from_http(
         outputs=outputs,
         priority=priority,
         timeout_s=timeout_s,
+        classification=classification,
     )
     return req, binary_outputs, binary_all
 
