@@ -1,8 +1,9 @@
 """Profile the inferbus stack under load, and A/B two configurations in one run.
 
 Starts the stack (`bench/stack.py`) once per *arm* (an arm is a name plus
-environment settings for the services), pushes the example fraud model, and
-runs ``bench/loadgen.py`` at each concurrency. While a run is measured, the
+environment settings for the services), pushes the example fraud model (or
+the heavy MLP, ``--model heavy``), and runs ``bench/loadgen.py`` at each
+concurrency. While a run is measured, the
 in-process sampler (``bench/sampler/sitecustomize.py``) records every service's
 busy stacks and CPU time, so each run also reports CPU per request by process
 and the top frames (same summary as ``render.py`` makes of py-spy output).
@@ -125,8 +126,12 @@ def sampled_run(
         # nats-server is not Python: its CPU comes from /proc over the same window.
         if nats_pid is not None:
             t0, c0 = time.monotonic(), proc_cpu_s(nats_pid)
+            v0 = nats_varz(stack)
             time.sleep(window)
             fills["nats"] = (proc_cpu_s(nats_pid) - c0, time.monotonic() - t0)
+            v1 = nats_varz(stack)
+            if v0 and v1:
+                fills["msgs"] = (v1[0] - v0[0], v1[1] - v0[1], time.monotonic() - t0)
         with contextlib.suppress(httpx.HTTPError):
             fills["batch"] = stack.batch_rows()
             fills["engine"] = stack.engine_rows()
@@ -188,7 +193,24 @@ def sampled_run(
             "busy_core": round(busy, 3),
             "cpu_us_per_req": round(1e6 * busy / served, 1),
         }
+    if "msgs" in fills and served:
+        # Bus messages per answered request over the same window: published to
+        # nats-server (in) and delivered by it (out), JetStream's own included.
+        n_in, n_out, wall = fills["msgs"]
+        fill["msgs_in_per_req"] = round(n_in / (served * wall), 2)
+        fill["msgs_out_per_req"] = round(n_out / (served * wall), 2)
     return {"line": line, "procs": procs, "fill": fill}
+
+
+def nats_varz(stack: BenchStack) -> tuple[int, int] | None:
+    """nats-server's ``in_msgs`` and ``out_msgs`` counters (None when unreadable)."""
+    if stack.nats is None or not stack.nats.monitor_port:
+        return None
+    try:
+        varz = httpx.get(f"http://127.0.0.1:{stack.nats.monitor_port}/varz", timeout=5.0).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return int(varz["in_msgs"]), int(varz["out_msgs"])
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -214,6 +236,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument(
+        "--model",
+        choices=["fraud", "heavy"],
+        default="fraud",
+        help="example fraud MLP, or the heavy MLP of bench/models/make_heavy.py",
+    )
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--top", type=int, default=6, help="frames printed per process")
     args = p.parse_args(argv)
@@ -224,12 +252,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[tuple[str, int], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="inferbus-profile-") as tmp:
         work = Path(tmp)
-        fraud = work / "fraud"
+        model_dir = work / args.model
+        maker = (
+            "examples/fraud/make_model.py"
+            if args.model == "fraud"
+            else "bench/models/make_heavy.py"
+        )
         subprocess.run(
-            [PYTHON, "examples/fraud/make_model.py", "--out", str(fraud)],
-            check=True,
-            capture_output=True,
-            cwd=REPO,
+            [PYTHON, maker, "--out", str(model_dir)], check=True, capture_output=True, cwd=REPO
         )
         for rnd in range(args.rounds):
             for name, env in arms:
@@ -245,15 +275,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 }
                 base = work / f"stack-{name}-{rnd}"
                 with BenchStack(base, workers=args.workers, env=stack_env) as stack:
-                    stack.push(fraud, "fraud")
-                    stack.wait_model_ready("fraud")
+                    stack.push(model_dir, args.model)
+                    stack.wait_model_ready(args.model)
                     for c in loads:
                         label = f"{name}-{c}"
                         run = sampled_run(
-                            stack, sample_dir, label, "fraud", c, args.duration, args.warmup
+                            stack, sample_dir, label, args.model, c, args.duration, args.warmup
                         )
                         record = {
                             "kind": "profile_run",
+                            "model": args.model,
                             "arm": name,
                             "env": env,
                             "round": rnd,

@@ -24,6 +24,12 @@ from prometheus_client import REGISTRY
 from inferbus_batcher.service import Batcher
 from inferbus_batcher.settings import BatcherSettings
 from inferbus_common import headers as h
+from inferbus_common.bundles import (
+    BundledReply,
+    BundledRequest,
+    decode_reply_bundle,
+    encode_request_bundle,
+)
 from inferbus_common.catalog import DeployedVersion, Route, ensure_kv
 from inferbus_common.codec import Tensor
 from inferbus_common.modelconfig import ModelConfig
@@ -63,6 +69,8 @@ class Harness:
         self.replies: dict[str, nats.aio.msg.Msg] = {}
         self.reply_count = 0
         self.duplicates: list[str] = []
+        self.bundle_replies: list[BundledReply] = []
+        self.bundle_versions: list[str] = []
         self._probed = asyncio.Event()
         self._got = asyncio.Event()
 
@@ -90,6 +98,13 @@ class Harness:
     @asynccontextmanager
     async def batcher(self, **kw: Any) -> AsyncIterator[Batcher]:
         async def on_reply(msg: nats.aio.msg.Msg) -> None:
+            if msg.subject == f"{self.inbox}.b":
+                bundle = decode_reply_bundle(msg.data)
+                self.bundle_replies += bundle.replies
+                self.bundle_versions.append(bundle.version)
+                self.reply_count += len(bundle.replies)
+                self._got.set()
+                return
             rid = (msg.headers or {}).get(h.REQUEST_ID, "")
             if rid.startswith("probe-"):
                 self._probed.set()
@@ -145,6 +160,27 @@ class Harness:
         if priority is not None:
             hdrs[h.PRIORITY] = str(priority)
         await self.nc.publish(self.subjects.infer(model, version), payload, headers=hdrs)
+
+    async def send_bundle(
+        self,
+        requests: list[tuple[int, bytes]],
+        *,
+        deadline_ns: int | None = None,
+        received_ns: int = 0,
+        model: str = MODEL,
+        version: str = VERSION,
+    ) -> None:
+        """One request bundle of (token, frame); replies come to ``<inbox>.b``."""
+        deadline = deadline_ns if deadline_ns is not None else time.time_ns() + 30_000_000_000
+        entries = [
+            BundledRequest(token, f"tok-{token}", deadline, received_ns) for token, _ in requests
+        ]
+        await self.nc.publish(
+            self.subjects.infer(model, version),
+            encode_request_bundle(
+                model, version, f"{self.inbox}.b", entries, [(f,) for _, f in requests]
+            ),
+        )
 
     async def wait_replies(self, n: int, timeout: float = 5.0) -> None:
         try:
@@ -376,3 +412,54 @@ async def test_idle_worker_signal_dispatches_without_waiting(harness: Harness) -
         (batch,) = await harness.batches(1, timeout=5)
         assert time.monotonic() - t1 > 1.0
         assert [e.request_id for e in batch.entries] == ["second"]
+
+
+async def test_a_request_bundle_becomes_a_micro_batch_with_tokens(harness: Harness) -> None:
+    await harness.deploy(config(max_batch_size=8, max_queue_delay_us=20_000))
+    async with harness.batcher():
+        sent = {}
+        frames = []
+        for token in range(1, 6):
+            frame, data = rows_payload(token, 2 if token == 3 else 1)
+            sent[token] = data
+            frames.append((token, frame))
+        # The gateway took them 30 ms ago: more than the 20 ms delay, so the
+        # batcher sends them at once instead of waiting for more.
+        await harness.send_bundle(frames, received_ns=time.time_ns() - 30_000_000)
+        batches = await harness.batches(5, timeout=2.0)
+    assert harness.replies == {} and harness.bundle_replies == []
+    assert len(batches) == 1
+    (mb,) = batches
+    assert [e.token for e in mb.entries] == [1, 2, 3, 4, 5]
+    assert all(e.reply == f"{harness.inbox}.b" for e in mb.entries)
+    (x,) = mb.tensors
+    assert x.shape == (6, ROW)
+    assert bytes(x.data) == b"".join(sent[t] for t in range(1, 6))
+
+
+async def test_refusals_of_a_bundle_come_back_in_one_reply_bundle(harness: Harness) -> None:
+    await harness.deploy(config(max_batch_size=64, max_queue_delay_us=10_000_000, max_queue_size=2))
+    frame, _ = rows_payload(1)
+    async with harness.batcher():
+        # Not deployed: every request of the bundle, one reply bundle.
+        await harness.send_bundle([(1, frame), (2, frame)], version="9.9.9")
+        await harness.wait_replies(2)
+        assert [(r.token, r.status) for r in harness.bundle_replies] == [
+            (1, "NOT_FOUND"),
+            (2, "NOT_FOUND"),
+        ]
+        assert "9.9.9" in harness.bundle_replies[0].error
+        # Expired on arrival, and a queue bound of 2: the first two wait, the rest is refused.
+        await harness.send_bundle([(3, frame)], deadline_ns=time.time_ns() - 1)
+        await harness.send_bundle([(4, frame), (5, frame), (6, frame), (7, frame)])
+        await harness.wait_replies(5)
+        got = {r.token: r for r in harness.bundle_replies[2:]}
+        assert sorted(got) == [3, 6, 7]
+        assert got[3].status == "DEADLINE_EXCEEDED"
+        assert (got[6].status, got[6].reason) == ("RESOURCE_EXHAUSTED", "queue-full")
+        assert got[7].reason == "queue-full"
+        # Garbage is dropped (nobody to answer) and the batcher keeps serving.
+        await harness.nc.publish(harness.subjects.infer(MODEL, VERSION), b"IBQ1\x00")
+        await harness.send_bundle([(8, frame)], version="9.9.9")
+        await harness.wait_replies(6)
+        assert harness.bundle_replies[-1].token == 8

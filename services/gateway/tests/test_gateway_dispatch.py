@@ -1,4 +1,5 @@
-"""Direct dispatch: requests on plain routes skip the router (real nats-server)."""
+"""The gateway's dispatcher: direct dispatch, request bundles and reply fan-out
+(real nats-server; a test subscriber plays the batcher)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,19 @@ import numpy as np
 import pytest
 
 from inferbus_common import headers as h
+from inferbus_common.bundles import (
+    BundledReply,
+    RequestBundle,
+    decode_request_bundle,
+    encode_reply_bundle,
+    is_request_bundle,
+)
 from inferbus_common.catalog import Route
 from inferbus_common.codec import tensor_from_numpy
-from inferbus_common.errors import Unavailable
+from inferbus_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from inferbus_common.subjects import Subjects
-from inferbus_gateway.dispatch import Dispatcher, plain_version
+from inferbus_common.wire import decode_tensors
+from inferbus_gateway.dispatch import DUPLICATE_REPLIES, Dispatcher, plain_version
 
 SUBJECTS = Subjects("ib")
 
@@ -36,75 +45,339 @@ def test_plain_version(route: Route | None, pinned: str, expected: str):
     assert plain_version(route, pinned) == expected
 
 
-async def _serve(nc, subject: str, seen: list[tuple[str, dict[str, str]]]):
-    """Answer every request on `subject` on its Ib-Reply, like a batcher would."""
+class FakeBatcher:
+    """Subscribes to a subject and answers like a batcher/worker would.
 
-    async def on_msg(msg) -> None:
-        headers = msg.headers or {}
-        seen.append((msg.subject, dict(headers)))
-        await nc.publish(headers[h.REPLY], b"", headers={h.VERSION: headers.get(h.VERSION, "")})
+    Request bundles get a reply bundle echoing each request's input as output
+    (or an error for requests whose id starts with ``bad``); single requests
+    get a single reply. ``hold`` keeps answers back until released.
+    """
 
-    sub = await nc.subscribe(subject, cb=on_msg)
-    await nc.flush()
-    return sub
+    def __init__(self, nc, subject: str) -> None:
+        self.nc = nc
+        self.subject = subject
+        self.seen: list[tuple[str, RequestBundle | dict[str, str]]] = []
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self.arrived = asyncio.Event()
+        self.sub = None
+        self._answers: set[asyncio.Task] = set()
+
+    async def start(self) -> FakeBatcher:
+        self.sub = await self.nc.subscribe(self.subject, cb=self._on_msg)
+        await self.nc.flush()
+        return self
+
+    async def stop(self) -> None:
+        await self.sub.unsubscribe()
+
+    @property
+    def bundles(self) -> list[RequestBundle]:
+        return [b for _, b in self.seen if isinstance(b, RequestBundle)]
+
+    async def _on_msg(self, msg) -> None:
+        # Recorded at once, answered in a task: a held answer does not hold the
+        # subscription, so later messages are seen while it waits.
+        if is_request_bundle(msg.data):
+            self.seen.append((msg.subject, decode_request_bundle(msg.data)))
+        else:
+            self.seen.append((msg.subject, dict(msg.headers or {})))
+        self.arrived.set()
+        task = asyncio.ensure_future(self._answer(msg, self.seen[-1][1]))
+        self._answers.add(task)
+        task.add_done_callback(self._answers.discard)
+
+    async def _answer(self, msg, seen) -> None:
+        await self.hold.wait()
+        if isinstance(seen, RequestBundle):
+            bundle = seen
+            replies, frames = [], []
+            for r in bundle.requests:
+                if r.request_id.startswith("bad"):
+                    replies.append(BundledReply(r.token, "INVALID_ARGUMENT", "bad input"))
+                    frames.append(())
+                else:
+                    replies.append(BundledReply(r.token, queue_ms=0.5))
+                    frames.append((bytes(r.frame),))
+            await self.nc.publish(
+                bundle.inbox,
+                encode_reply_bundle(bundle.version or "3", "d1", "compute=0.1", 1, replies, frames),
+            )
+            return
+        headers = seen
+        await self.nc.publish(
+            headers[h.REPLY], msg.data, headers={h.VERSION: headers.get(h.VERSION, "")}
+        )
 
 
-async def _call(dispatcher: Dispatcher, route: Route | None, version: str = ""):
+def _tensors(value: float = 0.0, rows: int = 1):
+    return [tensor_from_numpy("input", np.full((rows, 4), value, np.float32))]
+
+
+async def _call(
+    dispatcher: Dispatcher,
+    route: Route | None,
+    version: str = "",
+    *,
+    request_id: str = "r1",
+    value: float = 0.0,
+    rows: int = 1,
+    **kwargs,
+):
     return await dispatcher.call(
         "fraud",
         version=version,
-        request_id="r1",
-        tensors=[tensor_from_numpy("input", np.zeros((1, 4), np.float32))],
+        request_id=request_id,
+        tensors=_tensors(value, rows),
         outputs=[],
-        deadline_ns=time.time_ns() + 5_000_000_000,
+        deadline_ns=time.time_ns() + 10_000_000_000,
         route=route,
+        **kwargs,
     )
 
 
-async def test_direct_dispatch_skips_the_router_only_for_plain_routes(nats_client):
-    seen: list[tuple[str, dict[str, str]]] = []
-    subs = [
-        await _serve(nats_client, SUBJECTS.route("fraud"), seen),
-        await _serve(nats_client, SUBJECTS.infer("fraud", "3"), seen),
-    ]
-    direct = Dispatcher(nats_client, SUBJECTS, "gw-direct", direct=True)
-    via_router = Dispatcher(nats_client, SUBJECTS, "gw-router")
-    await direct.start()
-    await via_router.start()
+@pytest.fixture
+async def dispatchers(nats_client):
+    made: list[Dispatcher] = []
+
+    async def make(name: str, **kwargs) -> Dispatcher:
+        d = Dispatcher(nats_client, SUBJECTS, name, **kwargs)
+        await d.start()
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        await d.stop()
+
+
+@pytest.mark.parametrize("bundles", [True, False])
+async def test_direct_dispatch_skips_the_router_only_for_plain_routes(
+    nats_client, dispatchers, bundles
+):
+    router = await FakeBatcher(nats_client, SUBJECTS.route("fraud")).start()
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    direct = await dispatchers("gw-direct", direct=True, bundles=bundles)
+    via_router = await dispatchers("gw-router", bundles=bundles)
     try:
         plain = Route(model="fraud", stable="3")
         canary = Route(model="fraud", stable="3", canary="4", canary_weight=20)
 
         reply = await _call(direct, plain)
-        assert reply.headers[h.VERSION] == "3"
-        assert seen[-1][0] == SUBJECTS.infer("fraud", "3")
-        assert seen[-1][1][h.VERSION] == "3"
-        assert seen[-1][1][h.MODEL] == "fraud"
+        assert reply.version == "3"
+        assert len(batcher.seen) == 1 and not router.seen
+        if bundles:
+            bundle = batcher.bundles[0]
+            assert (bundle.model, bundle.version) == ("fraud", "3")
+            assert bundle.requests[0].pin == ""
+        else:
+            assert batcher.seen[0][1][h.VERSION] == "3"
+            assert batcher.seen[0][1][h.MODEL] == "fraud"
 
         await _call(direct, canary)  # a canary takes traffic: the router decides
-        assert seen[-1][0] == SUBJECTS.route("fraud")
-        assert h.VERSION not in seen[-1][1]
-
         await _call(direct, plain, version="3")  # pinned: the router resolves it
-        assert seen[-1][0] == SUBJECTS.route("fraud")
-        assert seen[-1][1][h.VERSION] == "3"
-
         await _call(via_router, plain)  # direct off: always the router
-        assert seen[-1][0] == SUBJECTS.route("fraud")
-        assert len(seen) == 4
+        assert len(router.seen) == 3 and len(batcher.seen) == 1
+        if bundles:
+            assert [b.version for b in router.bundles] == ["", "", ""]
+            assert [b.requests[0].pin for b in router.bundles] == ["", "3", ""]
+        else:
+            assert h.VERSION not in router.seen[0][1]
+            assert router.seen[1][1][h.VERSION] == "3"
     finally:
-        for sub in subs:
-            await sub.unsubscribe()
-        await direct.stop()
-        await via_router.stop()
+        await router.stop()
+        await batcher.stop()
 
 
-async def test_direct_dispatch_without_batchers_is_unavailable_at_once(nats_client):
-    direct = Dispatcher(nats_client, SUBJECTS, "gw-none", direct=True)
-    await direct.start()
+@pytest.mark.parametrize("bundles", [True, False])
+async def test_direct_dispatch_without_batchers_is_unavailable_at_once(dispatchers, bundles):
+    direct = await dispatchers("gw-none", direct=True, bundles=bundles, bundle_window_s=30.0)
+    # nats-server's no-responders answer, not the deadline (DeadlineExceeded).
+    with pytest.raises(Unavailable, match="no batcher"):
+        await asyncio.wait_for(_call(direct, Route(model="fraud", stable="9")), 10)
+    results = await asyncio.wait_for(
+        asyncio.gather(
+            *(_call(direct, Route(model="fraud", stable="9")) for _ in range(3)),
+            return_exceptions=True,
+        ),
+        10,
+    )
+    assert all(isinstance(r, Unavailable) for r in results)
+    assert direct.in_flight == 0
+
+
+async def test_requests_of_one_loop_turn_travel_as_one_bundle(nats_client, dispatchers):
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    # A window far longer than the test: nothing is in flight, so the bundle
+    # must go at the end of the loop turn, not after the window.
+    d = await dispatchers("gw-b", direct=True, bundle_window_s=60.0)
+    plain = Route(model="fraud", stable="3")
     try:
-        # nats-server's no-responders answer, not the deadline (DeadlineExceeded).
-        with pytest.raises(Unavailable, match="no batcher"):
-            await asyncio.wait_for(_call(direct, Route(model="fraud", stable="9")), 10)
+        replies = await asyncio.wait_for(
+            asyncio.gather(
+                *(_call(d, plain, request_id=f"r{i}", value=float(i)) for i in range(5)),
+                _call(d, plain, request_id="bad-1"),
+                return_exceptions=True,
+            ),
+            10,
+        )
+        assert len(batcher.bundles) == 1
+        assert [r.request_id for r in batcher.bundles[0].requests] == [
+            *(f"r{i}" for i in range(5)),
+            "bad-1",
+        ]
+        # Every call got its own row back, and only its own.
+        for i, reply in enumerate(replies[:5]):
+            out = decode_tensors(reply.frame)[0].as_numpy()
+            assert out.shape == (1, 4) and np.all(out == i)
+            assert reply.timings_ms == {"queue": 0.5, "compute": 0.1}
+            assert (reply.version, reply.digest) == ("3", "d1")
+        # An error answer is a reply too; `_infer` raises it.
+        with pytest.raises(InvalidArgument, match="bad input"):
+            replies[5].raise_for_status()
+        assert d.in_flight == 0
     finally:
-        await direct.stop()
+        await batcher.stop()
+
+
+async def test_a_subject_that_is_not_busy_never_waits(nats_client, dispatchers):
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    d = await dispatchers("gw-nb", direct=True, bundle_window_s=60.0, busy=lambda: False)
+    plain = Route(model="fraud", stable="3")
+    try:
+        batcher.hold.clear()
+        calls = []
+        for i in range(4):  # not saturated: each goes in its own loop turn
+            calls.append(asyncio.ensure_future(_call(d, plain, request_id=f"r{i}")))
+            await asyncio.sleep(0.01)
+        for _ in range(200):
+            if len(batcher.bundles) == 4:
+                break
+            await asyncio.sleep(0.01)
+        assert [len(b.requests) for b in batcher.bundles] == [1, 1, 1, 1]
+        batcher.hold.set()
+        await asyncio.wait_for(asyncio.gather(*calls), 10)
+    finally:
+        batcher.hold.set()
+        await batcher.stop()
+
+
+async def test_requests_wait_for_the_bundle_while_others_are_in_flight(nats_client, dispatchers):
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    d = await dispatchers("gw-w", direct=True, bundle_window_s=60.0, busy=lambda: True)
+    plain = Route(model="fraud", stable="3")
+    try:
+        batcher.hold.clear()
+        first = asyncio.ensure_future(_call(d, plain, request_id="first"))
+        await asyncio.wait_for(batcher.arrived.wait(), 10)
+        # "first" is being computed: these three wait in an open bundle ...
+        later = [
+            asyncio.ensure_future(_call(d, plain, request_id=f"later{i}", window_s=60.0))
+            for i in range(3)
+        ]
+        await asyncio.sleep(0.2)
+        assert len(batcher.bundles) == 1
+        assert d.in_flight == 4
+        # ... until nothing is in flight any more: then they go at once, together.
+        batcher.hold.set()
+        await asyncio.wait_for(first, 10)
+        done = await asyncio.wait_for(asyncio.gather(*later), 10)
+        assert len(done) == 3
+        assert [len(b.requests) for b in batcher.bundles] == [1, 3]
+    finally:
+        batcher.hold.set()
+        await batcher.stop()
+
+
+async def test_a_bundle_goes_when_its_rows_fill_a_batch(nats_client, dispatchers):
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    d = await dispatchers("gw-f", direct=True, bundle_window_s=60.0, busy=lambda: True)
+    plain = Route(model="fraud", stable="3")
+    try:
+        batcher.hold.clear()
+        first = asyncio.ensure_future(_call(d, plain, request_id="first"))
+        await asyncio.wait_for(batcher.arrived.wait(), 10)
+        batcher.hold.set()  # later bundles are answered at once
+        # max_rows 4: two requests of two rows fill it, the bundle goes without
+        # waiting for the window or for "first".
+        full = await asyncio.wait_for(
+            asyncio.gather(
+                *(_call(d, plain, request_id=f"f{i}", rows=2, max_rows=4) for i in range(2))
+            ),
+            10,
+        )
+        assert len(full) == 2
+        assert [len(b.requests) for b in batcher.bundles[1:]] == [2]
+        await asyncio.wait_for(first, 10)
+    finally:
+        batcher.hold.set()
+        await batcher.stop()
+
+
+async def test_duplicate_and_late_replies_are_dropped(nats_client, dispatchers):
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    d = await dispatchers("gw-dup", direct=True)
+    plain = Route(model="fraud", stable="3")
+    try:
+        await _call(d, plain)
+        bundle = batcher.bundles[0]
+        token = bundle.requests[0].token
+        before = DUPLICATE_REPLIES._value.get()
+        # A redelivered batch answers again: nobody waits, it is counted and dropped.
+        await nats_client.publish(
+            bundle.inbox,
+            encode_reply_bundle("3", "d1", "", 1, [BundledReply(token)], [(b"",)]),
+        )
+        await nats_client.flush()
+        for _ in range(100):
+            if DUPLICATE_REPLIES._value.get() > before:
+                break
+            await asyncio.sleep(0.02)
+        assert DUPLICATE_REPLIES._value.get() == before + 1
+        assert d.in_flight == 0
+    finally:
+        await batcher.stop()
+
+
+async def test_a_call_past_its_deadline_leaves_nothing_behind(nats_client, dispatchers):
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    d = await dispatchers("gw-dl", direct=True)
+    try:
+        batcher.hold.clear()
+        with pytest.raises(DeadlineExceeded):
+            await d.call(
+                "fraud",
+                version="",
+                request_id="slow",
+                tensors=_tensors(),
+                outputs=[],
+                deadline_ns=time.time_ns() + 200_000_000,
+                route=Route(model="fraud", stable="3"),
+            )
+        assert d.in_flight == 0
+    finally:
+        batcher.hold.set()
+        await batcher.stop()
+
+
+async def test_a_waiting_bundle_goes_when_its_window_ends(nats_client, dispatchers):
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    d = await dispatchers("gw-win", direct=True, bundle_window_s=0.1, busy=lambda: True)
+    plain = Route(model="fraud", stable="3")
+    try:
+        batcher.hold.clear()
+        first = asyncio.ensure_future(_call(d, plain, request_id="stuck"))
+        await asyncio.wait_for(batcher.arrived.wait(), 10)
+        later = [asyncio.ensure_future(_call(d, plain, request_id=f"l{i}")) for i in range(2)]
+        # "stuck" never comes back while held: the window, not its reply, sends them.
+        for _ in range(500):
+            if len(batcher.bundles) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert [len(b.requests) for b in batcher.bundles] == [1, 2]
+        assert not first.done()
+        batcher.hold.set()
+        await asyncio.wait_for(asyncio.gather(first, *later), 10)
+    finally:
+        batcher.hold.set()
+        await batcher.stop()

@@ -22,12 +22,23 @@ from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
 from inferbus_common import headers as h
+from inferbus_common.bundles import (
+    BundledReply,
+    BundledRequest,
+    RequestBundle,
+    decode_reply_bundle,
+    decode_request_bundle,
+    encode_reply_bundle,
+    encode_request_bundle,
+    is_request_bundle,
+)
 from inferbus_common.catalog import Catalog, Route, WorkerStatus, ensure_kv
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_common.wire import decode_tensors, encode_tensors
 from inferbus_router.health import HealthPolicy, HealthWeights
 from inferbus_router.router import Router
+from inferbus_router.routing import STICKY_BUCKETS, sticky_bucket
 from inferbus_router.shadow import ShadowComparer
 from inferbus_testing.records import audit_record
 
@@ -476,3 +487,131 @@ async def test_generate_request_nobody_takes_is_answered_429_or_503(
         assert got[h.REASON] == "llm-full"
         assert "all 1 worker(s) serving it" in got[h.ERROR]
         assert answers.empty()
+
+
+async def test_a_bundle_is_split_by_version_with_its_shadow_copies(
+    nats_server, nats_client
+) -> None:
+    route = Route(
+        model="bun",
+        stable="1",
+        versions=["1", "2", "3"],
+        canary="2",
+        canary_weight=50.0,
+        sticky="tenant",
+        shadow="3",
+        shadow_rate=1.0,
+    )
+    await put_route(nats_client.jetstream(), route)
+    forwarded: list[tuple[str, RequestBundle]] = []
+    got_reply = asyncio.Event()
+    replies: list[BundledReply] = []
+
+    async def on_forward(msg: Msg) -> None:
+        if is_request_bundle(msg.data):
+            forwarded.append((msg.subject, decode_request_bundle(msg.data)))
+
+    async def on_reply(msg: Msg) -> None:
+        replies.extend(decode_reply_bundle(msg.data).replies)
+        got_reply.set()
+
+    await nats_client.subscribe(f"{SUBJECTS.prefix}.infer.bun.*", cb=on_forward)
+    await nats_client.subscribe("gwtest.b", cb=on_reply)
+    await nats_client.flush()
+    x = encode_tensors([tensor_from_numpy("input", np.ones((1, 2), np.float32))])
+    tenants = [f"t{i}" for i in range(8)]
+    requests = [
+        BundledRequest(i + 1, f"r{i}", time.time_ns() + 10**10, tenant=t)
+        for i, t in enumerate(tenants)
+    ]
+    requests.append(BundledRequest(50, "pinned", time.time_ns() + 10**10, pin="1"))
+    requests.append(BundledRequest(51, "unknown", time.time_ns() + 10**10, pin="9"))
+    async with running_router(nats_server.url, "r-bundle") as (_, catalog, comparer):
+        await wait_route(catalog, route)
+        await nats_client.publish(
+            SUBJECTS.route("bun"),
+            encode_request_bundle("bun", "", "gwtest.b", requests, [(x,)] * len(requests)),
+        )
+        await wait_until(lambda: len(forwarded) >= 3 and got_reply.is_set(), 10)
+        primaries = {b.version: b for _, b in forwarded if b.inbox == "gwtest.b"}
+        shadow = [b for _, b in forwarded if b.inbox != "gwtest.b"]
+        # Sticky by tenant: the same split any router computes for these keys.
+        want = {"1": [50], "2": []}
+        for r in requests[:8]:
+            hit = sticky_bucket("bun", r.tenant) < 50.0 * (STICKY_BUCKETS / 100)
+            want["2" if hit else "1"].append(r.token)
+        assert {v: sorted(r.token for r in b.requests) for v, b in primaries.items()} == {
+            v: sorted(t) for v, t in want.items() if t
+        }
+        assert all(
+            bytes(r.frame) == x and r.pin == "" for b in primaries.values() for r in b.requests
+        )
+        # Every primary has a shadow copy in one bundle to version 3, paired by token.
+        (copy,) = shadow
+        assert copy.version == "3" and copy.inbox == f"{comparer.inbox}.sb"
+        mirrors = {r.mirror_token: r for b in primaries.values() for r in b.requests}
+        assert sorted(r.token for r in copy.requests) == sorted(mirrors)
+        assert all(r.mirror == f"{comparer.inbox}.pb" for r in mirrors.values())
+        # The unknown pin is answered by the router itself, in a reply bundle.
+        assert [(r.token, r.status) for r in replies] == [(51, "NOT_FOUND")]
+        # Answer both sides of every pair: the comparer pairs them from reply bundles.
+        compared = (
+            REGISTRY.get_sample_value(
+                "inferbus_shadow_requests_total",
+                {"model": "bun", "primary": "1", "shadow": "3", "outcome": "compared"},
+            )
+            or 0.0
+        )
+        pairs = [r.mirror_token for r in primaries["1"].requests]
+        out = encode_tensors([tensor_from_numpy("y", np.array([[0.2, 0.8]], np.float32))])
+        for inbox in (f"{comparer.inbox}.pb", f"{comparer.inbox}.sb"):
+            await nats_client.publish(
+                inbox,
+                encode_reply_bundle(
+                    "1", "d", "", 1, [BundledReply(t) for t in pairs], [(out,)] * len(pairs)
+                ),
+            )
+        await wait_until(
+            lambda: (
+                (
+                    REGISTRY.get_sample_value(
+                        "inferbus_shadow_requests_total",
+                        {"model": "bun", "primary": "1", "shadow": "3", "outcome": "compared"},
+                    )
+                    or 0.0
+                )
+                == compared + len(pairs)
+            ),
+            10,
+        )
+
+
+async def test_a_bundle_nobody_takes_is_answered_unavailable_at_once(
+    nats_server, nats_client
+) -> None:
+    route = Route(model="lonely", stable="1", versions=["1"])
+    await put_route(nats_client.jetstream(), route)
+    replies: list[BundledReply] = []
+
+    async def on_reply(msg: Msg) -> None:
+        replies.extend(decode_reply_bundle(msg.data).replies)
+
+    await nats_client.subscribe("gwlonely.b", cb=on_reply)
+    await nats_client.flush()
+    x = encode_tensors([tensor_from_numpy("input", np.ones((1, 2), np.float32))])
+    requests = [BundledRequest(t, f"r{t}", time.time_ns() + 10**10) for t in (3, 4, 5)]
+    async with running_router(nats_server.url, "r-lonely") as (_, catalog, _):
+        await wait_route(catalog, route)
+        t0 = time.monotonic()
+        await nats_client.publish(
+            SUBJECTS.route("lonely"),
+            encode_request_bundle("lonely", "", "gwlonely.b", requests, [(x,)] * 3),
+        )
+        await wait_until(lambda: len(replies) == 3, 10)
+        assert time.monotonic() - t0 < 5  # not the 10 s deadline
+        assert sorted((r.token, r.status) for r in replies) == [
+            (3, "UNAVAILABLE"),
+            (4, "UNAVAILABLE"),
+            (5, "UNAVAILABLE"),
+        ]
+        assert "no batcher" in replies[0].error

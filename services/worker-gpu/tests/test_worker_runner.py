@@ -22,12 +22,13 @@ from nats.js.api import ConsumerInfo
 from prometheus_client import REGISTRY
 
 from inferbus_common import headers as h
+from inferbus_common.bundles import decode_reply_bundle
 from inferbus_common.bus import ensure_batch_stream
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.modelconfig import EngineConfig
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import BatchEntry, encode_batch
+from inferbus_common.wire import BatchEntry, decode_tensors, encode_batch
 from inferbus_worker.engines import EngineError, OnnxRuntimeEngine, TensorRTEngine
 from inferbus_worker.runner import InlineRuns, ModelRunner, runs_on_gpu
 from inferbus_worker.settings import WorkerSettings
@@ -299,5 +300,58 @@ async def test_short_runs_go_inline_after_a_measured_run(
         inline = sample("inferbus_worker_inline_runs_total") - inline_before
         # The first run (in a thread) measured the class; the next three ran inline.
         assert inline == (3 if max_us else 0)
+    finally:
+        await runner.stop()
+
+
+async def test_bundled_requests_get_one_reply_bundle_per_inbox(
+    nc: Client, fraud_dir: Path, fraud_deployed: DeployedVersion
+) -> None:
+    engine = OnnxRuntimeEngine(fraud_dir / "model.onnx", EngineConfig())
+    runner, subjects, replies = await start_runner(nc, engine, fraud_deployed)
+    base = f"rr.{subjects.prefix}"
+    deadline = h.deadline_from_timeout(30)
+    entries = [
+        BatchEntry("a1", f"{base}.gwA", deadline, 0, 2, token=11),
+        BatchEntry(
+            "b1", f"{base}.gwB", deadline, 0, 1, token=5, mirror=f"{base}.shadowp", mirror_token=900
+        ),
+        BatchEntry("solo", f"{base}.solo", deadline, 0, 1),
+        BatchEntry("a2", f"{base}.gwA", deadline, 0, 1, ("nope",), token=12),
+        BatchEntry("late", f"{base}.gwB", 1, 0, 1, token=6),
+    ]
+    x = np.random.default_rng(3).random((6, 64), dtype=np.float32)
+    data = encode_batch(entries, [tensor_from_numpy("input", x)])
+    try:
+        await nc.jetstream().publish(subjects.batch("default", "fraud", "1"), data)
+        # Expired answers go at once; then gwA, gwB, the mirror and the single reply.
+        await wait_until(lambda: len(replies) == 5)
+        by_subject: dict[str, list[Msg]] = {}
+        for m in replies:
+            by_subject.setdefault(m.subject, []).append(m)
+        assert sorted(by_subject) == sorted(
+            f"{base}.{s}" for s in ("gwA", "gwB", "shadowp", "solo")
+        )
+        solo = by_subject[f"{base}.solo"][0]
+        assert h.STATUS not in solo.headers and solo.headers[h.VERSION] == "1"
+        want = engine.run({"input": x}, ["probabilities"])["probabilities"]
+        (gwa,) = (decode_reply_bundle(m.data) for m in by_subject[f"{base}.gwA"])
+        assert (gwa.version, gwa.batch_rows) == ("1", 5)
+        assert gwa.timings.startswith("compute=")
+        ok, bad = gwa.replies
+        assert (ok.token, ok.status) == (11, "")
+        got = decode_tensors(ok.frame)[0].as_numpy()
+        np.testing.assert_allclose(got, want[0:2], rtol=1e-5, atol=1e-6)
+        assert (bad.token, bad.status) == (12, "INVALID_ARGUMENT") and "nope" in bad.error
+        gwb = [decode_reply_bundle(m.data) for m in by_subject[f"{base}.gwB"]]
+        answered = {r.token: r for b in gwb for r in b.replies}
+        assert answered[6].status == "DEADLINE_EXCEEDED"
+        np.testing.assert_allclose(
+            decode_tensors(answered[5].frame)[0].as_numpy(), want[2:3], rtol=1e-5, atol=1e-6
+        )
+        (mirror,) = (decode_reply_bundle(m.data) for m in by_subject[f"{base}.shadowp"])
+        assert [r.token for r in mirror.replies] == [900]
+        assert bytes(mirror.replies[0].frame) == bytes(answered[5].frame)
+        await idle_info(nc, subjects, runner.consumer)
     finally:
         await runner.stop()

@@ -49,7 +49,7 @@ class ModelStats(BaseModel):
     success: Duration = Field(default_factory=Duration)
     """Requests answered OK; ns from the batcher accepting them to the reply."""
     fail: Duration = Field(default_factory=Duration)
-    """Requests the worker answered with an error; ns as for `success`."""
+    """Requests the worker answered with an error (ns not measured: 0)."""
     queue: Duration = Field(default_factory=Duration)
     """Waiting: from the batcher accepting the request to its execution's start."""
     compute_input: Duration = Field(default_factory=Duration)

@@ -1,27 +1,16 @@
 """Binary message formats on the bus: tensor frames and micro-batches.
 
-Both are little-endian, length-prefixed and decoded with zero-copy
-`memoryview` slices, so the router never touches a body and the batcher joins
-tensor bytes along the batch axis without turning them into numpy.
+Little-endian, length-prefixed, decoded with zero-copy `memoryview` slices.
+The byte layouts are specified in docs/architecture.md ("Wire formats");
+request and reply bundles are in `inferbus_common.bundles`.
 
-Tensor frame (request body, reply body, and the tensors of a micro-batch)::
-
-    b"IBT1" | u16 count | count x descriptor | data blocks in descriptor order
-    descriptor = u16 name_len | name (utf-8) | u8 datatype code | u8 ndim
-                 | ndim x i64 dims | u64 nbytes
-
-Micro-batch (one JetStream message)::
-
-    b"IBB1" | u32 n | n x entry | tensor frame (dims[0] = sum of rows)
-    entry = str request_id | str reply_subject | i64 deadline_ns
-            | i64 enqueued_ns | u32 rows | str outputs | str traceparent
-    str = u16 length | utf-8 bytes
-
-Entries are in row order: request i owns rows [offset_i, offset_i + rows_i).
-
-A micro-batch in which some entry has a mirror subject (shadow comparison,
-``Ib-Mirror``) starts with ``b"IBB2"`` instead, and each entry ends with one
-more ``str mirror_subject``; batches without one stay byte-identical to IBB1.
+* Tensor frame ``IBT1``: the tensors of one request or reply.
+* Micro-batch ``IBB1`` (``IBB2`` when an entry has a mirror subject): entries
+  whose replies go one per request to a full subject.
+* Micro-batch ``IBB3``: entries that came in request bundles name an inbox
+  (from a table at the head of the batch) and a token, and are answered one
+  reply bundle per inbox. Encoded only when some entry has a token, so a
+  batch of plain requests stays byte-identical to IBB1/IBB2.
 """
 
 from __future__ import annotations
@@ -39,6 +28,7 @@ from inferbus_common.errors import InvalidArgument
 TENSOR_MAGIC = b"IBT1"
 BATCH_MAGIC = b"IBB1"
 BATCH_MAGIC_MIRROR = b"IBB2"
+BATCH_MAGIC_INBOX = b"IBB3"
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
@@ -46,6 +36,9 @@ _DESC_TAIL = struct.Struct("<BB")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 _ENTRY_NUMS = struct.Struct("<qqI")
+# IBB3 entry: token, deadline, enqueued, rows, inbox index, mirror inbox index, mirror token.
+_ENTRY3 = struct.Struct("<QqqIHHQ")
+_NO_INBOX = 0xFFFF
 _MAX_NDIM = 32
 
 
@@ -65,14 +58,47 @@ def _descriptor(t: Tensor) -> list[bytes]:
     ]
 
 
+def tensor_frame_parts(tensors: Sequence[Tensor]) -> list[Buffer]:
+    """The pieces of a tensor frame, in order: joined, they are `encode_tensors`.
+
+    For callers that put frames inside a bigger message (bundles): the tensor
+    data are referenced, not copied, until the one join of the whole message.
+    """
+    parts: list[Buffer] = [TENSOR_MAGIC, _U16.pack(len(tensors))]
+    for t in tensors:
+        parts += _descriptor(t)
+    parts += [t.data for t in tensors]
+    return parts
+
+
 def encode_tensors(tensors: Sequence[Tensor]) -> bytes:
     """Encode tensors as one tensor frame."""
-    head: list[bytes] = [TENSOR_MAGIC, _U16.pack(len(tensors))]
-    datas: list[Buffer] = []
-    for t in tensors:
-        head += _descriptor(t)
-        datas.append(t.data)
-    return b"".join([*head, *datas])
+    return b"".join(tensor_frame_parts(tensors))
+
+
+def joined_frame_parts(groups: Sequence[Sequence[Tensor]]) -> list[Buffer]:
+    """The pieces of one tensor frame holding `groups` joined along axis 0.
+
+    Every group (one request's tensors) has the same names, datatypes and
+    non-batch dims in the same order (`batch_signature`). Nothing is copied:
+    the data blocks are the groups' own buffers, for the caller's single join.
+    """
+    first = groups[0]
+    parts: list[Buffer] = [TENSOR_MAGIC, _U16.pack(len(first))]
+    for i, t in enumerate(first):
+        rows = sum(g[i].shape[0] for g in groups)
+        nbytes = sum(memoryview(g[i].data).nbytes for g in groups)
+        name = t.name.encode("utf-8")
+        parts += [
+            _U16.pack(len(name)),
+            name,
+            _DESC_TAIL.pack(DATATYPE_CODES[t.datatype], len(t.shape)),
+            struct.pack(f"<{len(t.shape)}q", rows, *t.shape[1:]),
+            _U64.pack(nbytes),
+        ]
+    for i in range(len(first)):
+        parts += [g[i].data for g in groups]
+    return parts
 
 
 class RowFrames:
@@ -120,6 +146,13 @@ class RowFrames:
 
         With ``sliced=False`` every tensor is whole (a model without a batch axis).
         """
+        return b"".join(self.frame_parts(names, start, stop, sliced=sliced))
+
+    def frame_parts(
+        self, names: Sequence[str], start: int, stop: int, *, sliced: bool = True
+    ) -> list[Buffer]:
+        """The pieces of `frame` (joined, they are the frame), for a message that
+        carries several frames and is joined once (a reply bundle)."""
         parts: list[Buffer] = [TENSOR_MAGIC, _U16.pack(len(names))]
         datas: list[Buffer] = []
         for name in names:
@@ -143,7 +176,8 @@ class RowFrames:
             parts.append(rest)
             parts.append(_U64.pack(data.nbytes))
             datas.append(data)
-        return b"".join([*parts, *datas])
+        parts += datas
+        return parts
 
 
 def _decode_tensors_at(view: memoryview, offset: int) -> tuple[list[Tensor], int]:
@@ -200,13 +234,18 @@ class BatchEntry:
 
     Attributes:
         request_id: the request's id (for logs and de-duplication).
-        reply: subject the request's answer goes to.
+        reply: where the request's answer goes: the full reply subject when
+            `token` is 0, else the inbox of a reply bundle.
         deadline_ns: absolute deadline, unix ns (0 = none).
         enqueued_ns: when the batcher accepted it, unix ns.
         rows: how many rows of the batch belong to this request.
         outputs: requested output names (empty = all).
         traceparent: W3C trace context of the request.
-        mirror: subject the reply is also published to ('' = none).
+        mirror: where the reply is also sent ('' = none): a subject when
+            `mirror_token` is 0, else a reply-bundle inbox.
+        token: the request's token in its gateway's reply bundles (0: the
+            request came alone and is answered alone, on `reply`).
+        mirror_token: the token of the mirror copy in `mirror`'s bundles.
     """
 
     request_id: str
@@ -217,6 +256,8 @@ class BatchEntry:
     outputs: tuple[str, ...] = ()
     traceparent: str = ""
     mirror: str = ""
+    token: int = 0
+    mirror_token: int = 0
 
 
 @dataclass(slots=True)
@@ -232,7 +273,7 @@ class MicroBatch:
         return sum(e.rows for e in self.entries)
 
 
-def _put_str(parts: list[bytes], value: str) -> None:
+def _put_str(parts: list[Buffer], value: str) -> None:
     raw = value.encode("utf-8")
     if len(raw) > 0xFFFF:
         raise InvalidArgument("a header string in a micro-batch is longer than 65535 bytes")
@@ -246,11 +287,15 @@ def _get_str(view: memoryview, offset: int) -> tuple[str, int]:
     return bytes(view[offset : offset + n]).decode("utf-8"), offset + n
 
 
-def encode_batch(entries: Sequence[BatchEntry], tensors: Sequence[Tensor]) -> bytes:
-    """Encode a micro-batch (entries in row order, then the joined tensors)."""
+def _entry_parts(entries: Sequence[BatchEntry]) -> list[Buffer]:
+    """The head of a micro-batch: magic, entries (and IBB3's inbox table)."""
+    if any(e.token or e.mirror_token for e in entries):
+        return _entry_parts_inbox(entries)
     mirrored = any(e.mirror for e in entries)
-    magic = BATCH_MAGIC_MIRROR if mirrored else BATCH_MAGIC
-    parts: list[bytes] = [magic, _U32.pack(len(entries))]
+    parts: list[Buffer] = [
+        BATCH_MAGIC_MIRROR if mirrored else BATCH_MAGIC,
+        _U32.pack(len(entries)),
+    ]
     for e in entries:
         _put_str(parts, e.request_id)
         _put_str(parts, e.reply)
@@ -259,42 +304,134 @@ def encode_batch(entries: Sequence[BatchEntry], tensors: Sequence[Tensor]) -> by
         _put_str(parts, e.traceparent)
         if mirrored:
             _put_str(parts, e.mirror)
-    parts.append(encode_tensors(tensors))
-    return b"".join(parts)
+    return parts
+
+
+def _entry_parts_inbox(entries: Sequence[BatchEntry]) -> list[Buffer]:
+    """IBB3: reply and mirror subjects/inboxes once in a table, entries index it."""
+    table: dict[str, int] = {}
+
+    def index(subject: str) -> int:
+        if not subject:
+            return _NO_INBOX
+        i = table.get(subject)
+        if i is None:
+            i = table[subject] = len(table)
+            if i >= _NO_INBOX:
+                raise InvalidArgument("a micro-batch names more than 65534 reply inboxes")
+        return i
+
+    body: list[Buffer] = [_U32.pack(len(entries))]
+    for e in entries:
+        body.append(
+            _ENTRY3.pack(
+                e.token,
+                e.deadline_ns,
+                e.enqueued_ns,
+                e.rows,
+                index(e.reply),
+                index(e.mirror),
+                e.mirror_token,
+            )
+        )
+        _put_str(body, e.request_id)
+        _put_str(body, ",".join(e.outputs))
+        _put_str(body, e.traceparent)
+    head: list[Buffer] = [BATCH_MAGIC_INBOX, _U16.pack(len(table))]
+    for subject in table:
+        _put_str(head, subject)
+    return head + body
+
+
+def encode_batch(entries: Sequence[BatchEntry], tensors: Sequence[Tensor]) -> bytes:
+    """Encode a micro-batch (entries in row order, then the joined tensors)."""
+    return b"".join(_entry_parts(entries) + tensor_frame_parts(tensors))
+
+
+def encode_joined_batch(entries: Sequence[BatchEntry], groups: Sequence[Sequence[Tensor]]) -> bytes:
+    """Encode a micro-batch from each entry's own tensors, joining them along axis 0.
+
+    One copy: the request buffers go straight into the message's single join
+    (same bytes as ``encode_batch(entries, join_tensors(groups))``).
+    """
+    return b"".join(_entry_parts(entries) + joined_frame_parts(groups))
+
+
+def _decode_entries_inbox(view: memoryview) -> tuple[list[BatchEntry], int]:
+    (count,) = _U16.unpack_from(view, 4)
+    offset = 6
+    table = []
+    for _ in range(count):
+        subject, offset = _get_str(view, offset)
+        table.append(subject)
+    (n,) = _U32.unpack_from(view, offset)
+    offset += 4
+    entries = []
+    unpack = _ENTRY3.unpack_from
+    size = _ENTRY3.size
+    for _ in range(n):
+        token, deadline, enqueued, rows, reply_i, mirror_i, mirror_token = unpack(view, offset)
+        offset += size
+        rid, offset = _get_str(view, offset)
+        outs, offset = _get_str(view, offset)
+        tp, offset = _get_str(view, offset)
+        try:
+            reply = table[reply_i] if reply_i != _NO_INBOX else ""
+            mirror = table[mirror_i] if mirror_i != _NO_INBOX else ""
+        except IndexError:
+            raise FrameError("a micro-batch entry names an inbox outside its table") from None
+        entries.append(
+            BatchEntry(
+                rid,
+                reply,
+                deadline,
+                enqueued,
+                rows,
+                tuple(o for o in outs.split(",") if o) if outs else (),
+                tp,
+                mirror,
+                token,
+                mirror_token,
+            )
+        )
+    return entries, offset
 
 
 def decode_batch(data: Buffer) -> MicroBatch:
-    """Decode a micro-batch; tensor data are zero-copy slices of `data`."""
+    """Decode a micro-batch (IBB1, IBB2 or IBB3); tensor data are zero-copy slices."""
     view = memoryview(data).cast("B")
     try:
         magic = bytes(view[:4])
-        if magic != BATCH_MAGIC and magic != BATCH_MAGIC_MIRROR:
-            raise FrameError("not an inferbus micro-batch (bad magic)")
-        (n,) = _U32.unpack_from(view, 4)
-        offset = 8
-        entries = []
-        for _ in range(n):
-            rid, offset = _get_str(view, offset)
-            reply, offset = _get_str(view, offset)
-            deadline, enqueued, rows = _ENTRY_NUMS.unpack_from(view, offset)
-            offset += _ENTRY_NUMS.size
-            outs, offset = _get_str(view, offset)
-            tp, offset = _get_str(view, offset)
-            mirror = ""
-            if magic == BATCH_MAGIC_MIRROR:
-                mirror, offset = _get_str(view, offset)
-            entries.append(
-                BatchEntry(
-                    rid,
-                    reply,
-                    deadline,
-                    enqueued,
-                    rows,
-                    tuple(o for o in outs.split(",") if o),
-                    tp,
-                    mirror,
+        if magic == BATCH_MAGIC_INBOX:
+            entries, offset = _decode_entries_inbox(view)
+        elif magic == BATCH_MAGIC or magic == BATCH_MAGIC_MIRROR:
+            (n,) = _U32.unpack_from(view, 4)
+            offset = 8
+            entries = []
+            for _ in range(n):
+                rid, offset = _get_str(view, offset)
+                reply, offset = _get_str(view, offset)
+                deadline, enqueued, rows = _ENTRY_NUMS.unpack_from(view, offset)
+                offset += _ENTRY_NUMS.size
+                outs, offset = _get_str(view, offset)
+                tp, offset = _get_str(view, offset)
+                mirror = ""
+                if magic == BATCH_MAGIC_MIRROR:
+                    mirror, offset = _get_str(view, offset)
+                entries.append(
+                    BatchEntry(
+                        rid,
+                        reply,
+                        deadline,
+                        enqueued,
+                        rows,
+                        tuple(o for o in outs.split(",") if o),
+                        tp,
+                        mirror,
+                    )
                 )
-            )
+        else:
+            raise FrameError("not an inferbus micro-batch (bad magic)")
     except (struct.error, UnicodeDecodeError) as exc:
         raise FrameError(f"truncated micro-batch header: {exc}") from None
     tensors, end = _decode_tensors_at(view, offset)

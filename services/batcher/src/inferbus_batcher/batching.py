@@ -53,7 +53,14 @@ class PendingRequest:
         tensors: its input tensors (zero-copy views of the message body).
         outputs: requested output names (empty = all).
         traceparent: W3C trace context.
-        mirror: subject the worker also sends the reply to (shadow compare).
+        mirror: where the worker also sends the reply (shadow compare): a
+            subject, or a reply-bundle inbox when `mirror_token` is set.
+        token: the request's token in its gateway's reply bundles (0: it came
+            alone, `reply` is its reply subject; else `reply` is the inbox).
+        mirror_token: the mirror copy's token.
+        since_mono_ns: monotonic time from which its batching delay counts:
+            when the gateway took it, for bundled requests (the time spent in
+            the gateway's bundle counts against the delay), else arrival here.
     """
 
     request_id: str
@@ -70,6 +77,13 @@ class PendingRequest:
     mirror: str = ""
     span: Any = field(default=None, repr=False, compare=False)
     """The request's trace span while it waits (only when sampled)."""
+    token: int = 0
+    mirror_token: int = 0
+    since_mono_ns: int = -1
+
+    def __post_init__(self) -> None:
+        if self.since_mono_ns < 0:
+            self.since_mono_ns = self.enqueued_mono_ns
 
     def entry(self) -> BatchEntry:
         """This request's entry in a micro-batch header."""
@@ -82,6 +96,8 @@ class PendingRequest:
             self.outputs,
             self.traceparent,
             self.mirror,
+            self.token,
+            self.mirror_token,
         )
 
 
@@ -131,7 +147,7 @@ class _Group:
 
     def oldest_mono_ns(self) -> int:
         """Monotonic enqueue time of the request that has waited longest."""
-        return min((lv[0].enqueued_mono_ns for lv in self.levels if lv), default=_NEVER)
+        return min((lv[0].since_mono_ns for lv in self.levels if lv), default=_NEVER)
 
     def pop_prefix(self, n: int) -> list[PendingRequest]:
         """Remove and return the first `n` requests in priority order."""

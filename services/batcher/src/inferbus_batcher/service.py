@@ -44,6 +44,7 @@ from inferbus_batcher.metrics import (
 from inferbus_batcher.settings import BatcherSettings
 from inferbus_common import headers as h
 from inferbus_common import tracing
+from inferbus_common.bundles import BundledRequest, decode_request_bundle, is_request_bundle
 from inferbus_common.bus import connect, ensure_batch_stream
 from inferbus_common.catalog import Catalog
 from inferbus_common.errors import (
@@ -57,9 +58,10 @@ from inferbus_common.errors import (
 )
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.replies import ReplyTarget, send_errors
 from inferbus_common.subjects import Subjects, name_from_token
 from inferbus_common.validation import RequestChecker
-from inferbus_common.wire import batch_signature, decode_tensors, encode_batch, join_tensors
+from inferbus_common.wire import FrameError, batch_signature, decode_tensors, encode_joined_batch
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -295,6 +297,9 @@ class Batcher:
 
     # --- intake --------------------------------------------------------------
     async def _on_request(self, msg: Msg) -> None:
+        if is_request_bundle(msg.data):
+            await self._on_bundle(msg)
+            return
         hdrs = msg.headers or {}
         reply = hdrs.get(h.REPLY) or msg.reply
         request_id = hdrs.get(h.REQUEST_ID, "")
@@ -366,14 +371,28 @@ class Batcher:
         version = hdrs.get(h.VERSION)
         if not model or not version:
             # The subject carries both as tokens; headers are the primary source.
-            parts = msg.subject.rsplit(".", 2)
-            try:
-                model = model or name_from_token(parts[-2])
-                version = version or name_from_token(parts[-1])
-            except (ValueError, IndexError, UnicodeDecodeError):
-                raise InvalidArgument(
-                    f"subject {msg.subject!r} does not name a model version"
-                ) from None
+            model, version = self._names_from_subject(msg.subject, model, version)
+        return self._queue_of(model, version)
+
+    @staticmethod
+    def _names_from_subject(
+        subject: str, model: str | None, version: str | None
+    ) -> tuple[str, str]:
+        parts = subject.rsplit(".", 2)
+        try:
+            return (
+                model or name_from_token(parts[-2]),
+                version or name_from_token(parts[-1]),
+            )
+        except (ValueError, IndexError, UnicodeDecodeError):
+            raise InvalidArgument(f"subject {subject!r} does not name a model version") from None
+
+    def _queue_of(self, model: str, version: str) -> _QueueState:
+        """The queue of a deployed version (created on first use).
+
+        Raises:
+            NotFound: the version is not deployed.
+        """
         assert self._catalog is not None
         deployed = self._catalog.versions.get((model, version))
         if deployed is None:
@@ -388,6 +407,139 @@ class Batcher:
             state.checker = RequestChecker(config)
             state.subject = self._subjects.batch(config.pool, model, version)
         return state
+
+    # --- bundles -------------------------------------------------------------
+    async def _on_bundle(self, msg: Msg) -> None:
+        """Take in a request bundle: every request is queued or refused.
+
+        Refusals of one bundle go back as one reply bundle to its inbox. The
+        gateway validated the requests (it is the only producer the broker lets
+        publish here besides the router); this checks structure only: frames
+        that decode and a layout the model takes.
+        """
+        try:
+            bundle = decode_request_bundle(msg.data)
+        except FrameError as exc:
+            REJECTIONS.labels("-", "-", "garbage").inc()
+            log.warning("dropped an undecodable request bundle: %s", exc)
+            return
+        refused: list[tuple[BundledRequest, InferbusError]] = []
+        state: _QueueState | None = None
+        try:
+            if not bundle.version:
+                bundle.model, bundle.version = self._names_from_subject(
+                    msg.subject, bundle.model, ""
+                )
+            state = self._queue_of(bundle.model, bundle.version)
+        except InferbusError as exc:
+            refused = [(r, exc) for r in bundle.requests]
+        if state is not None:
+            queue = state.queue
+            now_wall = time.time_ns()
+            now_mono = time.monotonic_ns()
+            for r in bundle.requests:
+                try:
+                    pending = self._admit_bundled(state, r, bundle.inbox, now_wall, now_mono)
+                    queue.offer(pending)
+                except InferbusError as exc:
+                    refused.append((r, exc))
+                except Exception:
+                    log.exception("failed to accept a request", extra={"request_id": r.request_id})
+                    refused.append((r, Internal("batcher failed to accept the request")))
+        if refused:
+            await self._refuse_bundled(state, bundle.model, bundle.version, bundle.inbox, refused)
+        if state is not None:
+            await self._service(state)
+
+    def _admit_bundled(
+        self,
+        state: _QueueState,
+        r: BundledRequest,
+        inbox: str,
+        now_wall: int,
+        now_mono: int,
+    ) -> PendingRequest:
+        """Check one bundled request (deadline, structure); build its queue entry."""
+        queue = state.queue
+        deadline = r.deadline_ns or now_wall + queue.default_timeout_ns
+        if deadline <= now_wall:
+            raise DeadlineExceeded(
+                f"deadline of the request for model '{queue.model}' version '{queue.version}' "
+                f"passed {(now_wall - deadline) / 1e6:.1f} ms before it reached the batcher"
+            )
+        tensors = decode_tensors(r.frame)
+        state.checker.check(tensors, r.outputs, trusted=True)
+        rows = tensors[0].shape[0] if tensors[0].shape else 1
+        # The batching delay counts from when the gateway took the request: time
+        # spent filling its bundle is time spent waiting for a batch. Clocks of
+        # other hosts may be off, so the credit is at most one delay.
+        waited = min(max(now_wall - r.received_ns, 0), queue.delay_ns) if r.received_ns else 0
+        span = None
+        if tracing.enabled() and tracing.is_sampled(r.traceparent):
+            span = self._start_span(
+                {h.TRACEPARENT: r.traceparent, h.MODEL: queue.model, h.VERSION: queue.version},
+                r.request_id,
+            )
+        pending = PendingRequest(
+            request_id=r.request_id,
+            reply=inbox,
+            deadline_ns=deadline,
+            enqueued_ns=now_wall,
+            enqueued_mono_ns=now_mono,
+            rows=rows,
+            priority=queue.priority_of(r.priority),
+            signature=batch_signature(tensors),
+            tensors=tensors,
+            outputs=r.outputs,
+            traceparent=tracing.traceparent_of(span) if span is not None else r.traceparent,
+            mirror=r.mirror,
+            span=span,
+            token=r.token,
+            mirror_token=r.mirror_token,
+            since_mono_ns=now_mono - waited,
+        )
+        return pending
+
+    async def _refuse_bundled(
+        self,
+        state: _QueueState | None,
+        model: str,
+        version: str,
+        inbox: str,
+        refused: list[tuple[BundledRequest, InferbusError]],
+    ) -> None:
+        """Answer refused requests of one bundle (one reply bundle per distinct error)."""
+        by_error: dict[tuple[StatusCode, str, str], list[ReplyTarget]] = {}
+        for r, exc in refused:
+            reason = exc.reason if isinstance(exc, ResourceExhausted) else ""
+            label = reason or exc.code.name.lower()
+            if state is not None:
+                state.metrics.rejected(label)
+            else:
+                REJECTIONS.labels(model or "-", version or "-", label).inc()
+            by_error.setdefault((exc.code, exc.message, reason), []).append(
+                ReplyTarget(inbox, r.token, r.request_id)
+            )
+        for (code, message, reason), targets in by_error.items():
+            await self._send_errors(targets, code, message, reason, version)
+
+    async def _send_errors(
+        self,
+        targets: list[ReplyTarget],
+        code: StatusCode,
+        message: str,
+        reason: str,
+        version: str,
+    ) -> None:
+        assert self._nc is not None
+        try:
+            await send_errors(self._nc, targets, code, message, reason=reason, version=version)
+        except nats.errors.Error as exc:
+            log.warning(
+                "could not send an error answer: %s",
+                type(exc).__name__,
+                extra={"status": code.name, "model_version": version},
+            )
 
     def _admit(
         self, state: _QueueState, msg: Msg, hdrs: dict[str, str], request_id: str, reply: str
@@ -468,9 +620,8 @@ class Batcher:
             exc.message,
             extra={"request_id": request_id, "status": exc.code.name, "reason": reason},
         )
-        await self._answer(
-            reply, request_id, hdrs.get(h.VERSION, ""), exc.code, exc.message, reason
-        )
+        targets = [ReplyTarget(reply, 0, request_id)]
+        await self._send_errors(targets, exc.code, exc.message, reason, hdrs.get(h.VERSION, ""))
 
     # --- dispatch ------------------------------------------------------------
     async def _service(self, state: _QueueState) -> None:
@@ -551,10 +702,7 @@ class Batcher:
         m = state.metrics
         for p in requests:
             m.queue_time.observe((now_mono - p.enqueued_mono_ns) / 1e9)
-        tensors = (
-            requests[0].tensors if len(requests) == 1 else join_tensors(p.tensors for p in requests)
-        )
-        payload = encode_batch([p.entry() for p in requests], tensors)
+        payload = encode_joined_batch([p.entry() for p in requests], [p.tensors for p in requests])
         assert self._nc is not None
         if len(payload) > self._nc.max_payload and len(requests) > 1:
             # The joined batch is over the bus's message size limit: send it as
@@ -689,37 +837,10 @@ class Batcher:
                 if p.span is not None:
                     tracing.end_span(p.span, code.name, message)
                     p.span = None
-        version = state.queue.version
-        for p in requests:
-            await self._answer(
-                p.reply,
-                p.request_id,
-                version,
-                code,
-                message,
-                reason if code is StatusCode.RESOURCE_EXHAUSTED else "",
-            )
-
-    async def _answer(
-        self,
-        reply: str,
-        request_id: str,
-        version: str,
-        code: StatusCode,
-        message: str,
-        reason: str = "",
-    ) -> None:
-        headers = {h.REQUEST_ID: request_id, h.STATUS: code.name, h.ERROR: message}
-        if version:
-            headers[h.VERSION] = version
-        if reason:
-            headers[h.REASON] = reason
-        assert self._nc is not None
-        try:
-            await self._nc.publish(reply, b"", headers=headers)
-        except nats.errors.Error as exc:
-            log.warning(
-                "could not send an error answer: %s",
-                type(exc).__name__,
-                extra={"request_id": request_id, "status": code.name},
-            )
+        await self._send_errors(
+            [ReplyTarget(p.reply, p.token, p.request_id) for p in requests],
+            code,
+            message,
+            reason,
+            state.queue.version,
+        )

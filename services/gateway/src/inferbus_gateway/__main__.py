@@ -75,7 +75,17 @@ async def serve(settings: GatewaySettings) -> None:
             await _ensure_audit_stream(nc, subjects, settings)
             stack.callback(REGISTRY.unregister, _register(ModelSloCollector(catalog)))
             lazy = LazyLoader(nc, catalog, subjects, max_wait_s=settings.lazy_load_max_wait_s)
-            dispatcher = Dispatcher(nc, subjects, instance, direct=settings.direct_dispatch)
+            dispatcher = Dispatcher(
+                nc,
+                subjects,
+                instance,
+                direct=settings.direct_dispatch,
+                bundles=settings.bundles,
+                bundle_window_s=settings.bundle_window_us / 1e6,
+                bundle_max_requests=settings.bundle_max_requests,
+                bundle_max_in_flight=settings.bundle_max_in_flight,
+                bundle_busy_demand=settings.bundle_busy_demand,
+            )
             await dispatcher.start()
             gen_dispatcher = GenerationDispatcher(nc, subjects, instance)
             await gen_dispatcher.start()

@@ -1,41 +1,81 @@
-"""The gateway's NATS side: publish a request, wait for its single reply.
+"""The gateway's NATS side: send requests into the platform, match replies to callers.
 
-Each gateway instance owns one inbox subscription (`ib.reply.<instance>.*`).
-A request gets a fresh token; its reply subject is `<inbox>.<token>`. The
-first reply for a token resolves the waiting call; later ones (redeliveries
-after a worker crash) are counted and dropped.
+Requests for the same subject (a model's router subject, or a version's
+batcher subject on a plain route, see `plain_version`) go out as request
+bundles (`inferbus_common.bundles`): one message carries several requests,
+and each reply bundle that comes back answers several waiting calls.
+A bundle goes at the end of the event-loop turn that opened it, unless the
+gateway is saturated (its event loop always has work, `loopload.LoopLoad`)
+and ``bundle_max_in_flight`` bundles of the subject are unanswered. Then new
+requests collect in the open bundle until one of those comes back (or
+``bundle_window_us`` passes): self-clocked, so bundles grow with the load,
+and a gateway with time to spare never makes a request wait.
+Details and figures: docs/architecture.md ("Bundles").
 
-Requests go to the router (``ib.route.<model>``), which picks the version.
-With ``direct`` on (``INFERBUS_GATEWAY_DIRECT_DISPATCH``), a request whose
-route leaves nothing to decide (`plain_version`: no pinned version, no
-active canary, no shadow) goes straight to the batchers of the stable version
-(``ib.infer.<model>.<version>``), saving one NATS hop and the router's work.
+Each gateway owns one inbox subscription (``ib.reply.<instance>.*``): reply
+bundles arrive on ``<inbox>.b``, nats-server's "no responders" for a bundle
+on ``<inbox>.n<first>_<last>`` (its token range), single replies (bundles
+off, or an older worker) on ``<inbox>.<token>``. The first answer for a token
+resolves its call; later ones (redeliveries after a worker crash) are
+counted and dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge, Histogram
 
 from inferbus_common import headers as h
+from inferbus_common.bundles import (
+    BundledRequest,
+    decode_reply_bundle,
+    encode_request_bundle,
+)
 from inferbus_common.catalog import Route
-from inferbus_common.codec import Tensor
-from inferbus_common.errors import DeadlineExceeded, Unavailable
+from inferbus_common.codec import Buffer, Tensor
+from inferbus_common.errors import DeadlineExceeded, InferbusError, Unavailable
+from inferbus_common.replies import error_from_fields
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import encode_tensors
+from inferbus_common.wire import FrameError, encode_tensors, tensor_frame_parts
+from inferbus_gateway.loopload import LoopLoad
+
+log = logging.getLogger(__name__)
 
 _NATS_STATUS = "Status"
 _NO_RESPONDERS = "503"
 _NATS_SUBJECT = "Nats-Subject"
+_BUNDLE_OVERHEAD = 4096
+"""Bytes kept free under the bus's message size limit for a bundle's headers."""
 
 DUPLICATE_REPLIES = Counter(
     "inferbus_gateway_duplicate_replies_total",
     "Replies dropped because the request was already answered (or given up).",
+)
+BUNDLE_REQUESTS = Histogram(
+    "inferbus_gateway_bundle_requests",
+    "Requests per request bundle the gateway sent.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+REPLY_BUNDLES = Counter(
+    "inferbus_gateway_reply_bundles_total",
+    "Reply bundles received (each answers one or more requests).",
+)
+HELD_BUNDLES = Counter(
+    "inferbus_gateway_held_bundles_total",
+    "Bundles that collected requests until a bundle in flight came back (the gateway "
+    "was saturated), as opposed to going at the end of the loop turn that opened them.",
+)
+LOOP_DEMAND = Gauge(
+    "inferbus_gateway_loop_demand",
+    "Share of wall time the gateway's event-loop thread ran or waited to run (moving "
+    "average): from bundle_busy_demand on, requests may wait to fill bundles.",
 )
 
 
@@ -56,10 +96,87 @@ def plain_version(route: Route | None, pinned: str) -> str:
     return route.stable
 
 
-def _expire(fut: asyncio.Future[Msg]) -> None:
+@dataclass(slots=True, eq=False)
+class Reply:
+    """One request's answer, from a reply bundle or a single reply message.
+
+    Attributes:
+        status: a `StatusCode` name ('' = OK).
+        error: the error message ('' when OK).
+        reason: on RESOURCE_EXHAUSTED, which limit or queue was full.
+        version: the version that answered ('' when unknown).
+        digest: the artifact digest of that version.
+        timings_ms: stage timings reported by the platform (queue, compute, ...).
+        frame: the outputs as a tensor frame (empty on error).
+    """
+
+    status: str
+    error: str = ""
+    reason: str = ""
+    version: str = ""
+    digest: str = ""
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    frame: Buffer = b""
+
+    def raise_for_status(self) -> None:
+        """Raise the typed error this reply carries (nothing for OK)."""
+        err = error_from_fields(self.status, self.error, self.reason)
+        if err is not None:
+            raise err
+
+    @classmethod
+    def from_msg(cls, msg: Msg) -> Reply:
+        """A single reply (headers + body), as services without bundles send it."""
+        hdrs = msg.headers or {}
+        return cls(
+            hdrs.get(h.STATUS, ""),
+            hdrs.get(h.ERROR, ""),
+            hdrs.get(h.REASON, ""),
+            hdrs.get(h.VERSION, ""),
+            hdrs.get(h.DIGEST, ""),
+            h.parse_timings(hdrs.get(h.TIMINGS)),
+            msg.data,
+        )
+
+
+def _expire(fut: asyncio.Future[Reply]) -> None:
     """The deadline passed before the reply: wake the caller with a timeout."""
     if not fut.done():
         fut.set_exception(TimeoutError())
+
+
+@dataclass(slots=True, eq=False)
+class _Sent:
+    """A bundle on its way: how many of its calls still wait."""
+
+    key: str
+    left: int
+
+
+@dataclass(slots=True, eq=False)
+class _Call:
+    """A request waiting in an open bundle, then for its reply."""
+
+    fut: asyncio.Future[Reply]
+    request: BundledRequest
+    parts: list[Buffer]
+    key: str
+    token: int = 0
+    sent: _Sent | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Bundle:
+    """Requests for one subject collected during a window."""
+
+    subject: str
+    model: str
+    version: str
+    calls: list[_Call] = field(default_factory=list)
+    nbytes: int = 0
+    rows: int = 0
+    max_rows: int = 0
+    timer: asyncio.Handle | None = None
 
 
 class Dispatcher:
@@ -71,21 +188,69 @@ class Dispatcher:
         instance: this gateway's unique id (names its inbox).
         direct: publish requests on plain routes (`plain_version`) straight to
             the stable version's batchers instead of through the router.
+        bundles: send request bundles (off: one message per request, with
+            headers, as before bundles existed).
+        bundle_window_s: longest a request waits in an open bundle (while
+            `bundle_max_in_flight` bundles of its subject are unanswered).
+        bundle_max_requests: a bundle is sent once it holds this many requests.
+        bundle_max_in_flight: bundles of one subject sent and not yet answered
+            before new requests wait for one of them (when saturated).
+        busy: tells whether the gateway is saturated (default: a `LoopLoad`
+            of this event loop, saturated from `bundle_busy_demand` on).
+        bundle_busy_demand: `LoopLoad` demand from which the default `busy` says yes.
     """
 
     def __init__(
-        self, nc: Client, subjects: Subjects, instance: str, *, direct: bool = False
+        self,
+        nc: Client,
+        subjects: Subjects,
+        instance: str,
+        *,
+        direct: bool = False,
+        bundles: bool = True,
+        bundle_window_s: float = 0.005,
+        bundle_max_requests: int = 256,
+        bundle_max_in_flight: int = 1,
+        busy: Callable[[], bool] | None = None,
+        bundle_busy_demand: float = 0.85,
     ) -> None:
         self._direct = direct
+        self._bundles = bundles
+        self._window_s = bundle_window_s
+        self._max_requests = bundle_max_requests
+        self._max_in_flight = bundle_max_in_flight
+        self._load: LoopLoad | None = None
+        if busy is None:
+            self._load = LoopLoad(high=bundle_busy_demand, low=bundle_busy_demand - 0.15)
+            load = self._load
+
+            def busy() -> bool:
+                return load.saturated
+
+        self._busy = busy
         self._nc = nc
         self._subjects = subjects
         self._inbox = subjects.reply_inbox(instance)
-        self._pending: dict[str, asyncio.Future[Msg]] = {}
-        self._tokens = itertools.count(1)
+        self._bundle_inbox = f"{self._inbox}.b"
+        self._pending: dict[int, _Call | asyncio.Future[Reply]] = {}
+        self._next_token = 1
+        self._open: dict[str, _Bundle] = {}
+        self._outstanding: dict[str, int] = {}
+        """Bundles sent per subject with calls still waiting."""
+        self._sends: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
 
+    @property
+    def load(self) -> LoopLoad | None:
+        """The event-loop demand this dispatcher bundles by (None: a custom `busy`)."""
+        return self._load
+
     async def start(self) -> None:
-        """Subscribe to this instance's inbox."""
+        """Subscribe to this instance's inbox (and start measuring the loop's demand)."""
+        if self._load is not None:
+            self._load.start()
+            load = self._load
+            LOOP_DEMAND.set_function(lambda: load.demand)
         self._sub = await self._nc.subscribe(
             f"{self._inbox}.*",
             cb=self._on_reply,
@@ -95,42 +260,96 @@ class Dispatcher:
 
     async def stop(self) -> None:
         """Unsubscribe; callers still waiting get UNAVAILABLE."""
+        if self._load is not None:
+            self._load.stop()
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
-        for fut in self._pending.values():
+        for bundle in self._open.values():
+            if bundle.timer is not None:
+                bundle.timer.cancel()
+            for call in bundle.calls:
+                if not call.fut.done():
+                    call.fut.set_exception(Unavailable("gateway is shutting down"))
+        self._open.clear()
+        for waiting in self._pending.values():
+            fut = waiting.fut if isinstance(waiting, _Call) else waiting
             if not fut.done():
                 fut.set_exception(Unavailable("gateway is shutting down"))
         self._pending.clear()
+        if self._sends:
+            await asyncio.gather(*self._sends, return_exceptions=True)
 
     @property
     def in_flight(self) -> int:
-        """Requests waiting for their reply."""
-        return len(self._pending)
+        """Requests waiting for their reply (sent or still in an open bundle)."""
+        return len(self._pending) + sum(len(b.calls) for b in self._open.values())
 
+    # --- replies ---------------------------------------------------------------
     async def _on_reply(self, msg: Msg) -> None:
-        token = msg.subject[len(self._inbox) + 1 :]
-        fut = self._pending.pop(token, None)
+        suffix = msg.subject[len(self._inbox) + 1 :]
+        if suffix == "b":
+            self._on_bundle(msg.data)
+            return
+        if suffix.startswith("n"):
+            self._on_bundle_no_responders(suffix, msg)
+            return
+        try:
+            token = int(suffix)
+        except ValueError:
+            return
+        waiting = self._pending.pop(token, None)
+        fut = waiting.fut if isinstance(waiting, _Call) else waiting
         if fut is None or fut.done():
             DUPLICATE_REPLIES.inc()
             return
         if not msg.data and (msg.headers or {}).get(_NATS_STATUS) == _NO_RESPONDERS:
-            # nats-server's own answer: nobody subscribes to the route subject
-            # (every router is down or restarting), or, for a direct request,
-            # to the version's subject (no batcher). Nothing was computed: say
-            # so now instead of waiting out the deadline.
-            fut.set_exception(
-                Unavailable(
-                    "no batcher is serving this model version right now (restarting?); "
-                    "nothing was computed, safe to retry"
-                    if ".infer." in (msg.headers or {}).get(_NATS_SUBJECT, "")
-                    else "no router is serving requests right now (restarting?); "
-                    "nothing was computed, safe to retry"
+            fut.set_exception(_no_responders(msg))
+            return
+        fut.set_result(Reply.from_msg(msg))
+
+    def _on_bundle(self, data: bytes) -> None:
+        try:
+            bundle = decode_reply_bundle(data)
+        except FrameError as exc:
+            log.warning("dropped an undecodable reply bundle: %s", exc)
+            return
+        REPLY_BUNDLES.inc()
+        shared = h.parse_timings(bundle.timings)
+        pending = self._pending
+        for r in bundle.replies:
+            waiting = pending.pop(r.token, None)
+            if waiting is None or not isinstance(waiting, _Call) or waiting.fut.done():
+                DUPLICATE_REPLIES.inc()
+                continue
+            timings = {"queue": r.queue_ms, **shared} if bundle.batch_rows else dict(shared)
+            waiting.fut.set_result(
+                Reply(
+                    r.status,
+                    r.error,
+                    r.reason,
+                    bundle.version,
+                    bundle.digest,
+                    timings,
+                    r.frame,
                 )
             )
-            return
-        fut.set_result(msg)
 
+    def _on_bundle_no_responders(self, suffix: str, msg: Msg) -> None:
+        """nats-server's "no responders" for a bundle: fail its still-waiting calls now."""
+        if msg.data or (msg.headers or {}).get(_NATS_STATUS) != _NO_RESPONDERS:
+            return
+        try:
+            first, last = (int(x) for x in suffix[1:].split("_", 1))
+        except ValueError:
+            return
+        exc = _no_responders(msg)
+        for token in range(first, last + 1):
+            waiting = self._pending.pop(token, None)
+            if isinstance(waiting, _Call) and not waiting.fut.done():
+                waiting.fut.set_exception(exc)
+
+    # --- requests --------------------------------------------------------------
     async def call(
         self,
         model: str,
@@ -138,26 +357,253 @@ class Dispatcher:
         version: str,
         request_id: str,
         tensors: list[Tensor],
-        outputs: list[str],
+        outputs: Sequence[str],
         deadline_ns: int,
         priority: int = 0,
         traceparent: str = "",
         tenant: str = "",
         sticky_key: str = "",
         route: Route | None = None,
-    ) -> Msg:
-        """Publish a request and wait for its reply until `deadline_ns`.
+        window_s: float | None = None,
+        max_rows: int = 0,
+        received_ns: int = 0,
+    ) -> Reply:
+        """Send a request and wait for its reply until `deadline_ns`.
 
         `route` is the model's routing table as the gateway knows it; with
         ``direct`` on and a plain route the request skips the router.
+        `window_s` caps how long the request may wait in an open bundle (below
+        the dispatcher's own cap); a bundle goes as soon as its rows reach
+        `max_rows` (the model's ``max_batch_size``; 0: no such bound).
 
         Raises:
             DeadlineExceeded: no reply before the deadline.
+            Unavailable: nobody serves the model's subject right now.
         """
-        token = str(next(self._tokens))
+        subject = ""
+        if self._direct:
+            direct_version = plain_version(route, version)
+            if direct_version:
+                version = direct_version
+                subject = self._subjects.infer(model, direct_version)
+        pinned = "" if subject else version
+        if not subject:
+            subject = self._subjects.route(model)
+            version = ""
+        if not self._bundles:
+            return await self._call_single(
+                subject,
+                model,
+                version or pinned,
+                request_id=request_id,
+                tensors=tensors,
+                outputs=outputs,
+                deadline_ns=deadline_ns,
+                priority=priority,
+                traceparent=traceparent,
+                tenant=tenant,
+                sticky_key=sticky_key,
+            )
+        loop = asyncio.get_running_loop()
+        parts = tensor_frame_parts(tensors)
+        call = _Call(
+            loop.create_future(),
+            BundledRequest(
+                0,
+                request_id,
+                deadline_ns,
+                received_ns,
+                priority,
+                tuple(outputs),
+                traceparent,
+                tenant,
+                sticky_key,
+                pinned,
+            ),
+            parts,
+            subject,
+        )
+        rows = tensors[0].shape[0] if tensors and tensors[0].shape else 1
+        lead = self._enqueue(call, model, version, rows, max_rows, window_s)
+        timer = None
+        try:
+            if lead is not None:
+                # This call opened the bundle: whatever arrives in this loop turn
+                # joins it, then this call sends it (no task, no extra loop hop).
+                try:
+                    await asyncio.sleep(0)
+                except asyncio.CancelledError:
+                    self._flush(key=call.key, bundle=lead)
+                    raise
+                out = self._prepare(call.key, lead)
+                if out is not None:
+                    await self._send(*out)
+            remaining = h.remaining_s(deadline_ns)
+            if remaining <= 0:
+                raise TimeoutError
+            # A timer on the reply's own future instead of `asyncio.wait_for`: the
+            # same deadline without wait_for's extra waiter future and loop hop.
+            timer = loop.call_later(remaining, _expire, call.fut)
+            return await call.fut
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"request {request_id} for model '{model}' got no answer before its deadline"
+            ) from None
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._done(call)
+
+    def _enqueue(
+        self,
+        call: _Call,
+        model: str,
+        version: str,
+        rows: int,
+        max_rows: int,
+        window_s: float | None,
+    ) -> _Bundle | None:
+        """Put `call` into its subject's open bundle (opening one), send what is due.
+
+        Returns the bundle when `call` opened it and is to send it itself at the
+        end of this loop turn (the subject is not busy), else None.
+        """
+        key = call.key
+        size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in call.parts)
+        bundle = self._open.get(key)
+        if bundle is not None and (
+            bundle.nbytes + size > self._nc.max_payload - _BUNDLE_OVERHEAD
+            or len(bundle.calls) >= self._max_requests
+        ):
+            self._flush(key)
+            bundle = None
+        lead = None
+        if bundle is None:
+            bundle = self._open[key] = _Bundle(key, model, version, max_rows=max_rows)
+            if self._outstanding.get(key, 0) < self._max_in_flight or not self._busy():
+                # Not saturated: only what arrives in this loop turn joins; this call sends it.
+                lead = bundle
+            else:
+                # Saturated, and enough is on its way: collect until a bundle comes
+                # back, at most this long.
+                HELD_BUNDLES.inc()
+                window = self._window_s if window_s is None else min(window_s, self._window_s)
+                bundle.timer = asyncio.get_running_loop().call_later(window, self._flush, key)
+        bundle.calls.append(call)
+        bundle.nbytes += size
+        bundle.rows += rows
+        if (bundle.max_rows and bundle.rows >= bundle.max_rows) or len(
+            bundle.calls
+        ) >= self._max_requests:
+            self._flush(key)
+            return None
+        return lead
+
+    def _flush(self, key: str, bundle: _Bundle | None = None) -> None:
+        """Send the open bundle of `key` (only if it is `bundle`, when given) in a task."""
+        out = self._prepare(key, bundle)
+        if out is None:
+            return
+        task = asyncio.ensure_future(self._send(*out))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    def _prepare(
+        self, key: str, bundle: _Bundle | None = None
+    ) -> tuple[str, bytes, str, list[_Call]] | None:
+        """Close the open bundle of `key`: tokens for its calls, its message.
+
+        Returns (subject, payload, no-responders reply subject, calls), or None
+        when there is nothing to send (no open bundle, not `bundle`, or every
+        call in it already ended).
+        """
+        current = self._open.get(key)
+        if current is None or (bundle is not None and current is not bundle):
+            return None
+        del self._open[key]
+        bundle = current
+        if bundle.timer is not None:
+            bundle.timer.cancel()
+        calls = [c for c in bundle.calls if not c.fut.done()]
+        if not calls:
+            return None
+        first = self._next_token
+        self._next_token += len(calls)
+        sent = _Sent(key, len(calls))
+        for i, call in enumerate(calls):
+            call.token = call.request.token = first + i
+            call.sent = sent
+            self._pending[call.token] = call
+        self._outstanding[key] = self._outstanding.get(key, 0) + 1
+        BUNDLE_REQUESTS.observe(len(calls))
+        try:
+            payload = encode_request_bundle(
+                bundle.model,
+                bundle.version,
+                self._bundle_inbox,
+                [c.request for c in calls],
+                [c.parts for c in calls],
+            )
+        except (FrameError, InferbusError) as exc:
+            for call in calls:
+                if not call.fut.done():
+                    call.fut.set_exception(exc)
+            return None
+        # nats-server's "no responders" names the bundle's token range.
+        return bundle.subject, payload, f"{self._inbox}.n{first}_{first + len(calls) - 1}", calls
+
+    async def _send(self, subject: str, payload: bytes, reply: str, calls: list[_Call]) -> None:
+        try:
+            await self._nc.publish(subject, payload, reply=reply)
+        except Exception as exc:  # every caller still gets exactly one answer
+            log.warning("could not send a request bundle: %s", exc)
+            err = Unavailable(f"the gateway could not send the request: {type(exc).__name__}")
+            for call in calls:
+                if not call.fut.done():
+                    call.fut.set_exception(err)
+
+    def _done(self, call: _Call) -> None:
+        """A call ended (answered, timed out or cancelled): forget its token; the
+        last call of a bundle sends the open bundle of its subject."""
+        sent = call.sent
+        if sent is None:
+            return
+        call.sent = None
+        self._pending.pop(call.token, None)
+        sent.left -= 1
+        if sent.left:
+            return
+        key = sent.key
+        left = self._outstanding.get(key, 1) - 1
+        if left > 0:
+            self._outstanding[key] = left
+        else:
+            self._outstanding.pop(key, None)
+        if key in self._open:
+            # A bundle came back: the platform has room again; what collected goes.
+            self._flush(key)
+
+    async def _call_single(
+        self,
+        subject: str,
+        model: str,
+        version: str,
+        *,
+        request_id: str,
+        tensors: list[Tensor],
+        outputs: Sequence[str],
+        deadline_ns: int,
+        priority: int,
+        traceparent: str,
+        tenant: str,
+        sticky_key: str,
+    ) -> Reply:
+        """One message per request, with headers (bundles off)."""
+        token = self._next_token
+        self._next_token += 1
         reply = f"{self._inbox}.{token}"
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Msg] = loop.create_future()
+        fut: asyncio.Future[Reply] = loop.create_future()
         self._pending[token] = fut
         headers = {
             h.REQUEST_ID: request_id,
@@ -165,12 +611,6 @@ class Dispatcher:
             h.MODEL: model,
             h.REPLY: reply,
         }
-        subject = ""
-        if self._direct:
-            direct_version = plain_version(route, version)
-            if direct_version:
-                version = direct_version
-                subject = self._subjects.infer(model, direct_version)
         if version:
             headers[h.VERSION] = version
         if outputs:
@@ -184,18 +624,10 @@ class Dispatcher:
         if sticky_key:
             headers[h.STICKY_KEY] = sticky_key
         try:
-            await self._nc.publish(
-                subject or self._subjects.route(model),
-                encode_tensors(tensors),
-                reply=reply,
-                headers=headers,
-            )
+            await self._nc.publish(subject, encode_tensors(tensors), reply=reply, headers=headers)
             remaining = h.remaining_s(deadline_ns)
             if remaining <= 0:
                 raise TimeoutError
-            # A timer on the reply's own future instead of `asyncio.wait_for`: the
-            # same deadline without wait_for's extra waiter future and loop hop
-            # (about 1.7 µs of CPU per request, `bench/hotpath_micro.py`).
             timer = loop.call_later(remaining, _expire, fut)
             try:
                 return await fut
@@ -207,3 +639,19 @@ class Dispatcher:
             ) from None
         finally:
             self._pending.pop(token, None)
+
+
+def _no_responders(msg: Msg) -> Unavailable:
+    """The error for nats-server's "no responders" on a request's subject."""
+    # Nobody subscribes to the route subject (every router is down or
+    # restarting), or, for a direct request, to the version's subject (no
+    # batcher). Nothing was computed: say so now instead of waiting out the deadline.
+    where = (msg.headers or {}).get(_NATS_SUBJECT, "")
+    if ".infer." in where:
+        return Unavailable(
+            "no batcher is serving this model version right now (restarting?); "
+            "nothing was computed, safe to retry"
+        )
+    return Unavailable(
+        "no router is serving requests right now (restarting?); nothing was computed, safe to retry"
+    )

@@ -26,7 +26,6 @@ from inferbus_common.errors import (
 )
 from inferbus_common.modelconfig import TensorSpec
 from inferbus_common.modelstats import sum_stats
-from inferbus_common.replies import error_from_reply
 from inferbus_common.subjects import Subjects
 from inferbus_common.validation import RequestChecker
 from inferbus_common.wire import FrameError, decode_tensors
@@ -319,6 +318,8 @@ class InferenceService:
             InferbusError: with the status the client should see.
         """
         t0 = time.perf_counter()
+        if not request.received_ns:
+            request.received_ns = time.time_ns()
         outcome = _Outcome(request_id=request.id or uuid.uuid4().hex, version=request.version)
         admission = self._admission
         try:
@@ -514,7 +515,7 @@ class InferenceService:
             )
         deadline_ns = h.deadline_from_timeout(timeout_s)
         t_sent = time.perf_counter()
-        msg = await self._dispatcher.call(
+        reply = await self._dispatcher.call(
             request.model,
             version=request.version,
             request_id=request_id,
@@ -526,31 +527,30 @@ class InferenceService:
             tenant=request.tenant,
             sticky_key=request.sticky_key,
             route=self._catalog.routes.get(request.model),
+            max_rows=dv.config.max_batch_size,
+            received_ns=request.received_ns,
         )
         t_back = time.perf_counter()
-        headers = msg.headers or {}
         if outcome is not None:
-            outcome.version = headers.get(h.VERSION, outcome.version)
-            outcome.digest = headers.get(h.DIGEST, "")
-        err = error_from_reply(headers)
-        if err is not None:
-            raise err
+            outcome.version = reply.version or outcome.version
+            outcome.digest = reply.digest
+        reply.raise_for_status()
         try:
-            outputs = decode_tensors(msg.data)
+            outputs = decode_tensors(reply.frame)
         except FrameError:
             raise Unavailable("a worker sent a malformed reply; see the worker logs") from None
         if request.outputs:
             wanted = set(request.outputs)
             outputs = [t for t in outputs if t.name in wanted]
-        timings = h.parse_timings(headers.get(h.TIMINGS))
+        timings = reply.timings_ms
         total_ms = (time.perf_counter() - t0) * 1000.0
         timings["gateway"] = ((t_sent - t0) + (time.perf_counter() - t_back)) * 1000.0
         timings["total"] = total_ms
         return InferResponse(
             model=request.model,
-            version=headers.get(h.VERSION, dv.version),
+            version=reply.version or dv.version,
             id=request_id,
             outputs=outputs,
             timings_ms=timings,
-            digest=headers.get(h.DIGEST, dv.digest),
+            digest=reply.digest or dv.digest,
         )

@@ -101,6 +101,26 @@ class GatewaySettings(ServiceSettings):
     Off: every request goes through the router (its metrics and spans then count all
     traffic)."""
 
+    bundles: bool = True
+    """Send requests as request bundles: those for the same model (and version) travel
+    as one message and are answered by one reply bundle per engine run
+    (docs/architecture.md, "Bundles"). Off: one message per request each way."""
+    bundle_busy_demand: float = Field(default=0.85, ge=0.0, le=2.0)
+    """Share of wall time the gateway's event-loop thread runs or waits to run (its
+    demand, sampled from the scheduler every 20 ms) from which on the gateway counts as
+    saturated. Saturated, and with ``bundle_max_in_flight`` bundles of a model (version)
+    unanswered, new requests wait in an open bundle for one of those to come back, so
+    bundles grow with the load (fewer messages, less CPU per request); otherwise a
+    bundle holds what arrives in one event-loop turn and no request waits. 0: always
+    wait like that; above 1: never."""
+    bundle_max_in_flight: int = Field(default=1, ge=1, le=1024)
+    """Bundles of one model (version) sent and not answered yet before new requests
+    wait for one of them (while the gateway is saturated)."""
+    bundle_window_us: int = Field(default=5000, ge=0, le=1_000_000)
+    """Longest a request waits in an open bundle for one in flight to come back."""
+    bundle_max_requests: int = Field(default=256, ge=1, le=65535)
+    """A bundle is sent as soon as it holds this many requests."""
+
     # --- admission control (inferbus_gateway.admission) ---------------------------
     redis_key_prefix: str = Field(default="ib", pattern=r"^[A-Za-z0-9_.-]+$")
     """First part of every admission key in Redis (``<prefix>:auth:keys``, ``<prefix>:limits``)."""

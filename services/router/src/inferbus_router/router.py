@@ -4,8 +4,10 @@ Per request: decide the version (`routing.decide`: pinned → sticky → weighte
 with the canary weight scaled by `health.HealthWeights`), publish to the
 version's subject (``ib.gen.…`` for generative requests, ``ib.infer.…``
 otherwise) and, for a sampled share, a shadow copy (`shadow.ShadowComparer`).
-Alongside: follow route revisions (log each change once, export the revision)
-and feed audit records to the health windows.
+A request bundle is split by decided version into one bundle per version
+(frames passed through untouched), its shadow copies into one bundle to the
+shadow version. Alongside: follow route revisions (log each change once,
+export the revision) and feed audit records to the health windows.
 """
 
 from __future__ import annotations
@@ -25,16 +27,32 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from inferbus_common import headers as h
 from inferbus_common import tracing
+from inferbus_common.bundles import (
+    BundledRequest,
+    decode_request_bundle,
+    encode_request_bundle,
+    is_request_bundle,
+)
 from inferbus_common.catalog import Catalog, Route
-from inferbus_common.errors import InferbusError, ResourceExhausted, Unavailable, status_of
+from inferbus_common.errors import (
+    InferbusError,
+    ResourceExhausted,
+    StatusCode,
+    Unavailable,
+    status_of,
+)
 from inferbus_common.generation import LLM_FULL_REASON
-from inferbus_common.replies import send_error
+from inferbus_common.replies import ReplyTarget, send_error, send_errors
 from inferbus_common.subjects import Subjects, name_from_token, subject_token
+from inferbus_common.wire import FrameError
 from inferbus_router.health import HealthWeights
 from inferbus_router.routing import decide, wants_shadow
 from inferbus_router.shadow import ShadowComparer
 
 log = logging.getLogger(__name__)
+
+_NR_TOKENS = 64
+"""Most requests of one forwarded bundle: their tokens ride in its reply subject."""
 
 ROUTE_SPAN = "inferbus.router.route"
 ROUTE_SECONDS = Histogram(
@@ -105,6 +123,9 @@ class Router:
         # (subject tokens), so the answer can tell "all workers full" from "none".
         self._nr_gen_inbox = subjects.reply_inbox(f"{instance}-gen")
         self._nr_gen_sub: Subscription | None = None
+        # The same for request bundles: ``<inbox>.<tokens>.<gateway inbox>``.
+        self._nr_bundle_inbox = subjects.reply_inbox(f"{instance}-b")
+        self._nr_bundle_sub: Subscription | None = None
         self._revisions: dict[str, int] = {}
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -128,6 +149,9 @@ class Router:
             self._health.evaluate(self._catalog.routes)
             self._tasks.append(asyncio.create_task(self._health_loop(), name="router-health"))
         self._nr_sub = await self._nc.subscribe(f"{self._nr_inbox}.>", cb=self._on_no_responders)
+        self._nr_bundle_sub = await self._nc.subscribe(
+            f"{self._nr_bundle_inbox}.>", cb=self._on_no_bundle_responders
+        )
         self._nr_gen_sub = await self._nc.subscribe(
             f"{self._nr_gen_inbox}.>", cb=self._on_no_gen_responders
         )
@@ -152,11 +176,11 @@ class Router:
             with contextlib.suppress(Exception):
                 await self._audit_sub.unsubscribe()
             self._audit_sub = None
-        for nr_sub in (self._nr_sub, self._nr_gen_sub):
+        for nr_sub in (self._nr_sub, self._nr_gen_sub, self._nr_bundle_sub):
             if nr_sub is not None:
                 with contextlib.suppress(Exception):
                     await nr_sub.unsubscribe()
-        self._nr_sub = self._nr_gen_sub = None
+        self._nr_sub = self._nr_gen_sub = self._nr_bundle_sub = None
         self._stop.set()
         for task in self._tasks:
             # The route follower may sit in a catalog wait: it need not finish it.
@@ -175,6 +199,12 @@ class Router:
         request is forwarded, so the batcher's span becomes its child.
         """
         t0 = time.perf_counter()
+        if is_request_bundle(msg.data):
+            try:
+                await self._on_bundle(msg)
+            finally:
+                ROUTE_SECONDS.observe(time.perf_counter() - t0)
+            return
         headers = msg.headers
         span = None
         if headers and tracing.enabled():
@@ -244,6 +274,119 @@ class Router:
         DECISIONS.labels(model, version, decision.reason).inc()
         if pair is not None:
             await self._send_shadow(route, out, msg.data, pair)
+
+    async def _on_bundle(self, msg: Msg) -> None:
+        """Route every request of a bundle; forward one bundle per chosen version."""
+        try:
+            bundle = decode_request_bundle(msg.data)
+        except FrameError as exc:
+            log.warning("dropped an undecodable request bundle: %s", exc)
+            return
+        model = bundle.model
+        route = self._catalog.routes.get(model)
+        weight = None
+        if route is not None and self._health is not None:
+            weight = self._health.effective_weight(route)
+        by_version: dict[str, list[BundledRequest]] = {}
+        shadows: list[BundledRequest] = []
+        shadow_inbox = ""
+        refused: dict[tuple[StatusCode, str], list[ReplyTarget]] = {}
+        tracing_on = tracing.enabled()
+        for r in bundle.requests:
+            hdrs: dict[str, str] = {}
+            if r.pin:
+                hdrs[h.VERSION] = r.pin
+            if r.tenant:
+                hdrs[h.TENANT] = r.tenant
+            if r.sticky_key:
+                hdrs[h.STICKY_KEY] = r.sticky_key
+            try:
+                decision = decide(route, model, hdrs, canary_weight=weight, draw=self._draw)
+            except InferbusError as exc:
+                code, message = status_of(exc)
+                ROUTED.labels(model, "", code.name).inc()
+                target = ReplyTarget(bundle.inbox, r.token, r.request_id)
+                refused.setdefault((code, message), []).append(target)
+                continue
+            assert route is not None
+            version = decision.version
+            if tracing_on and tracing.is_sampled(r.traceparent):
+                span = tracing.start_child_span(ROUTE_SPAN, r.traceparent)
+                if span is not None:
+                    span.set_attribute("inferbus.model", model)
+                    span.set_attribute("inferbus.request_id", r.request_id)
+                    r.traceparent = tracing.traceparent_of(span)
+                    tracing.end_span(span)
+            r.pin = ""
+            r.mirror, r.mirror_token = "", 0
+            if self._shadow is not None and wants_shadow(route, decision, self._draw):
+                pair = self._shadow.begin_bundled(model, version, route.shadow, r.request_id)
+                if pair is not None:
+                    r.mirror, shadow_inbox, r.mirror_token = pair
+                    shadows.append(
+                        BundledRequest(
+                            r.mirror_token,
+                            r.request_id,
+                            r.deadline_ns,
+                            r.received_ns,
+                            r.priority,
+                            r.outputs,
+                            r.traceparent,
+                            r.tenant,
+                            frame=r.frame,
+                        )
+                    )
+            by_version.setdefault(version, []).append(r)
+            ROUTED.labels(model, version, "OK").inc()
+            DECISIONS.labels(model, version, decision.reason).inc()
+        for (code, message), targets in refused.items():
+            await send_errors(self._nc, targets, code, message)
+        for version, requests in by_version.items():
+            subject = self._subjects.infer(model, version)
+            for i in range(0, len(requests), _NR_TOKENS):
+                part = requests[i : i + _NR_TOKENS]
+                # nats-server's "no responders" (no batcher) comes back to us with
+                # the tokens and the gateway's inbox in its subject: no state kept.
+                tokens = "_".join(str(r.token) for r in part)
+                await self._nc.publish(
+                    subject,
+                    encode_request_bundle(
+                        model, version, bundle.inbox, part, [(r.frame,) for r in part]
+                    ),
+                    reply=f"{self._nr_bundle_inbox}.{tokens}.{bundle.inbox}",
+                )
+        if shadows and route is not None:
+            try:
+                await self._nc.publish(
+                    self._subjects.infer(model, route.shadow),
+                    encode_request_bundle(
+                        model, route.shadow, shadow_inbox, shadows, [(r.frame,) for r in shadows]
+                    ),
+                )
+            except Exception as exc:  # the shadow path never fails the request
+                assert self._shadow is not None
+                for r in shadows:
+                    self._shadow.cancel(r.token)
+                log.warning("shadow copies not sent: %s", exc, extra={"model": model})
+
+    async def _on_no_bundle_responders(self, msg: Msg) -> None:
+        """No batcher took a forwarded bundle: answer its requests UNAVAILABLE now."""
+        headers = msg.headers or {}
+        if msg.data or headers.get("Status") != "503":
+            return
+        tokens, _, inbox = msg.subject[len(self._nr_bundle_inbox) + 1 :].partition(".")
+        try:
+            targets = [ReplyTarget(inbox, int(t)) for t in tokens.split("_")]
+        except ValueError:
+            return
+        where = headers.get("Nats-Subject", "the version's subject")
+        await send_errors(
+            self._nc,
+            targets,
+            StatusCode.UNAVAILABLE,
+            f"no batcher is subscribed to {where} (restarting?); nothing was computed, "
+            "safe to retry",
+        )
 
     async def _on_no_responders(self, msg: Msg) -> None:
         """No batcher took a forwarded request: tell the client now, not at its deadline.

@@ -11,6 +11,11 @@ For a sampled request the router publishes two messages instead of one:
   ``<inbox>.s.<token>``, an inbox this router owns: shadow replies can never
   reach a client.
 
+Requests that came in request bundles are shadowed the same way with bundle
+addresses: the primary's mirror is ``<inbox>.pb`` and the shadow copies go
+out as a bundle whose inbox is ``<inbox>.sb``, both with the pair's token, so
+the two replies come back inside reply bundles.
+
 `ShadowComparer` pairs the two replies by token in a table bounded in size
 and in time (`max_pending`, `timeout_s`): a request whose pair does not
 complete in time is counted (``shadow_timeout`` / ``primary_missing``) and
@@ -36,6 +41,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from prometheus_client import Counter, Gauge, Histogram
 
+from inferbus_common.bundles import decode_reply_bundle
+from inferbus_common.codec import Buffer
 from inferbus_common.replies import error_from_reply
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import FrameError, decode_tensors
@@ -96,7 +103,7 @@ class Comparison:
     max_abs_diff: float | None
 
 
-def compare_replies(primary: bytes, shadow: bytes) -> Comparison:
+def compare_replies(primary: Buffer, shadow: Buffer) -> Comparison:
     """Compare two OK reply bodies (tensor frames).
 
     A classification output is a 2-D numeric tensor with at least two columns
@@ -141,9 +148,10 @@ class _Pending:
     request_id: str
     sent: float
     """Monotonic time both copies were published."""
-    primary_msg: Msg | None = None
+    primary_reply: tuple[bool, Buffer] | None = None
+    """(OK?, body) of the primary's reply, once it came."""
     primary_at: float = 0.0
-    shadow_msg: Msg | None = None
+    shadow_reply: tuple[bool, Buffer] | None = None
     shadow_at: float = 0.0
 
 
@@ -174,6 +182,7 @@ class ShadowComparer:
         self._pending: dict[str, _Pending] = {}
         self._tokens = itertools.count(1)
         self._sub: Subscription | None = None
+        self._bundle_sub: Subscription | None = None
         self._stop = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
         self._agree: dict[tuple[str, str, str], list[int]] = {}
@@ -191,15 +200,22 @@ class ShadowComparer:
             pending_msgs_limit=100_000,
             pending_bytes_limit=256 << 20,
         )
+        self._bundle_sub = await self._nc.subscribe(
+            f"{self.inbox}.*",
+            cb=self._on_bundle,
+            pending_msgs_limit=100_000,
+            pending_bytes_limit=256 << 20,
+        )
         self._stop.clear()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="shadow-sweeper")
 
     async def stop(self) -> None:
         """Unsubscribe and stop the sweeper; pairs still open are counted as timed out."""
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+        for sub in (self._sub, self._bundle_sub):
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        self._sub = self._bundle_sub = None
         self._stop.set()
         if self._sweeper is not None:
             await self._sweeper
@@ -221,41 +237,66 @@ class ShadowComparer:
         SHADOW_PENDING.set(len(self._pending))
         return f"{self.inbox}.p.{token}", f"{self.inbox}.s.{token}"
 
-    def cancel(self, subjects: tuple[str, str]) -> None:
-        """Forget a pair whose copies could not be published."""
-        token = subjects[0].rsplit(".", 1)[-1]
+    def begin_bundled(
+        self, model: str, primary: str, shadow: str, request_id: str
+    ) -> tuple[str, str, int] | None:
+        """`begin` for a bundled request: (mirror inbox, shadow reply inbox, token)."""
+        subjects = self.begin(model, primary, shadow, request_id)
+        if subjects is None:
+            return None
+        token = int(subjects[0].rsplit(".", 1)[-1])
+        return f"{self.inbox}.pb", f"{self.inbox}.sb", token
+
+    def cancel(self, subjects: tuple[str, ...] | int) -> None:
+        """Forget a pair whose copies could not be published (its subjects or token)."""
+        token = str(subjects) if isinstance(subjects, int) else subjects[0].rsplit(".", 1)[-1]
         self._pending.pop(token, None)
         SHADOW_PENDING.set(len(self._pending))
 
     async def _on_reply(self, msg: Msg) -> None:
         kind, _, token = msg.subject[len(self.inbox) + 1 :].partition(".")
+        self._got(kind, token, error_from_reply(msg.headers) is None, msg.data)
+
+    async def _on_bundle(self, msg: Msg) -> None:
+        kind = msg.subject[len(self.inbox) + 1 :]
+        if kind not in ("pb", "sb"):
+            return
+        try:
+            bundle = decode_reply_bundle(msg.data)
+        except FrameError as exc:
+            log.info("undecodable shadow reply bundle: %s", exc)
+            return
+        for r in bundle.replies:
+            self._got(kind[0], str(r.token), not r.status, r.frame)
+
+    def _got(self, kind: str, token: str, ok: bool, body: Buffer) -> None:
         p = self._pending.get(token)
         if p is None:
             return  # late (already expired) or a redelivered duplicate
         now = time.monotonic()
-        if kind == "p" and p.primary_msg is None:
-            p.primary_msg, p.primary_at = msg, now
-        elif kind == "s" and p.shadow_msg is None:
-            p.shadow_msg, p.shadow_at = msg, now
+        if kind == "p" and p.primary_reply is None:
+            p.primary_reply, p.primary_at = (ok, body), now
+        elif kind == "s" and p.shadow_reply is None:
+            p.shadow_reply, p.shadow_at = (ok, body), now
         else:
             return
-        if p.primary_msg is not None and p.shadow_msg is not None:
+        if p.primary_reply is not None and p.shadow_reply is not None:
             del self._pending[token]
             SHADOW_PENDING.set(len(self._pending))
             self._finish(p)
 
     def _finish(self, p: _Pending) -> None:
-        assert p.primary_msg is not None and p.shadow_msg is not None
+        assert p.primary_reply is not None and p.shadow_reply is not None
         labels = (p.model, p.primary, p.shadow)
-        if error_from_reply(p.primary_msg.headers) is not None:
+        if not p.primary_reply[0]:
             SHADOW_REQUESTS.labels(*labels, "primary_error").inc()
             return
-        if error_from_reply(p.shadow_msg.headers) is not None:
+        if not p.shadow_reply[0]:
             SHADOW_REQUESTS.labels(*labels, "shadow_error").inc()
             return
         SHADOW_LATENCY_DIFF.labels(*labels).observe((p.shadow_at - p.primary_at) * 1000)
         try:
-            result = compare_replies(p.primary_msg.data, p.shadow_msg.data)
+            result = compare_replies(p.primary_reply[1], p.shadow_reply[1])
         except Incomparable as exc:
             SHADOW_REQUESTS.labels(*labels, "incomparable").inc()
             log.info("shadow reply not comparable: %s", exc, extra={"request_id": p.request_id})
@@ -280,7 +321,7 @@ class ShadowComparer:
             expired.append(token)
         for token in expired:
             p = self._pending.pop(token)
-            outcome = "primary_missing" if p.primary_msg is None else "shadow_timeout"
+            outcome = "primary_missing" if p.primary_reply is None else "shadow_timeout"
             SHADOW_REQUESTS.labels(p.model, p.primary, p.shadow, outcome).inc()
         if expired:
             SHADOW_PENDING.set(len(self._pending))

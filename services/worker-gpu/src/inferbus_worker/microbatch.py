@@ -1,9 +1,10 @@
 """From a decoded micro-batch to engine inputs, and from engine outputs to replies.
 
-Pure functions (no I/O), so the row bookkeeping is tested on its own:
-requests in a micro-batch own consecutive rows in entry order; expired
-requests are left out before the engine runs, and each remaining request gets
-its rows of every output back.
+Pure row bookkeeping (tested on its own): requests in a micro-batch own
+consecutive rows in entry order; expired requests are left out before the
+engine runs, and each remaining request gets its rows of every output back.
+`Outbox` collects the answers of one run and sends them: one reply bundle per
+gateway inbox for bundled requests, a single reply for the others.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from nats.aio.client import Client
 
 from inferbus_common import headers as h
+from inferbus_common.bundles import BundledReply, ReplyGroups
+from inferbus_common.codec import Buffer
 from inferbus_common.errors import InvalidArgument, StatusCode
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.validation import RequestChecker
@@ -67,7 +71,7 @@ def gather_inputs(
             entries claim do not add up to the tensors' batch axis.
     """
     if checker is not None:
-        checker.check(batch.tensors)
+        checker.check(batch.tensors, trusted=True)
     else:
         config.validate_request(batch.tensors)
     batched = config.max_batch_size > 0
@@ -142,6 +146,7 @@ class BatchReplies:
         "_outputs",
         "_timings",
         "_timings_all",
+        "shared_timings",
     )
 
     def __init__(
@@ -166,13 +171,10 @@ class BatchReplies:
         self._timings = (
             "".join(f";{k}={v:.3f}" for k, v in timings.items()) if "queue" not in timings else None
         )
+        self.shared_timings = h.format_timings(timings)
+        """The stage timings every reply of the run shares (reply bundles carry them once)."""
 
-    def ok(self, request: LiveRequest, queue_ms: float) -> tuple[dict[str, str], bytes]:
-        """Headers and body answering one computed request (see `ok_reply`).
-
-        Raises:
-            InvalidArgument: the request asked for an output the model lacks.
-        """
+    def _wanted(self, request: LiveRequest) -> Sequence[str]:
         outputs = self._outputs
         wanted = request.entry.outputs or self._names
         for name in wanted:
@@ -181,6 +183,25 @@ class BatchReplies:
                 raise InvalidArgument(
                     f"unknown output(s) {unknown}; the model has {sorted(outputs)}"
                 )
+        return wanted
+
+    def frame_parts(self, request: LiveRequest) -> list[Buffer]:
+        """The pieces of one computed request's outputs frame (for a reply bundle).
+
+        Raises:
+            InvalidArgument: the request asked for an output the model lacks.
+        """
+        return self._frames.frame_parts(
+            self._wanted(request), request.start, request.stop, sliced=self._batched
+        )
+
+    def ok(self, request: LiveRequest, queue_ms: float) -> tuple[dict[str, str], bytes]:
+        """Headers and body answering one computed request (see `ok_reply`).
+
+        Raises:
+            InvalidArgument: the request asked for an output the model lacks.
+        """
+        wanted = self._wanted(request)
         body = self._frames.frame(wanted, request.start, request.stop, sliced=self._batched)
         ctx = self._ctx
         headers = {
@@ -244,3 +265,87 @@ def error_reply(
     if entry.traceparent:
         headers[h.TRACEPARENT] = entry.traceparent
     return headers, b""
+
+
+class Outbox:
+    """The answers of one engine run (or one refusal), sent together after it.
+
+    Bundled requests (a token) are answered in one reply bundle per inbox, a
+    mirror copy likewise in its own inbox's bundle; the others get single
+    replies (and single mirror copies), the client's before the mirror's.
+
+    Args:
+        ctx: the version answering.
+        timings: stage timings shared by the run's replies (reply bundles).
+        batch_rows: rows in the run (0 when nothing was computed).
+    """
+
+    __slots__ = ("_ctx", "_groups", "_singles", "counts")
+
+    def __init__(self, ctx: ReplyContext, timings: str = "", batch_rows: int = 0) -> None:
+        self._ctx = ctx
+        self._groups = ReplyGroups(ctx.version, ctx.digest, timings, batch_rows)
+        self._singles: list[tuple[str, dict[str, str], bytes]] = []
+        self.counts: dict[str, int] = {}
+        """Answers by status name ("OK", "INVALID_ARGUMENT", ...)."""
+
+    def _count(self, status: str) -> None:
+        self.counts[status] = self.counts.get(status, 0) + 1
+
+    def ok(self, entry: BatchEntry, queue_ms: float, parts: Sequence[Buffer]) -> None:
+        """Answer a bundled request with its outputs frame (`parts`)."""
+        self._groups.add(entry.reply, BundledReply(entry.token, queue_ms=queue_ms), parts)
+        if entry.mirror:
+            self._mirror(entry, BundledReply(entry.mirror_token, queue_ms=queue_ms), parts)
+        self._count("OK")
+
+    def single(self, entry: BatchEntry, headers: dict[str, str], body: bytes, status: str) -> None:
+        """Answer a request that came alone with a ready single reply."""
+        if entry.reply:
+            self._singles.append((entry.reply, headers, body))
+        if entry.mirror:
+            if entry.mirror_token:
+                self._groups.add(
+                    entry.mirror,
+                    BundledReply(
+                        entry.mirror_token, headers.get(h.STATUS, ""), headers.get(h.ERROR, "")
+                    ),
+                    (body,) if body else (),
+                )
+            else:
+                self._singles.append((entry.mirror, headers, body))
+        self._count(status)
+
+    def _mirror(self, entry: BatchEntry, reply: BundledReply, parts: Sequence[Buffer]) -> None:
+        if entry.mirror_token:
+            self._groups.add(entry.mirror, reply, parts)
+        else:
+            headers = {h.REQUEST_ID: entry.request_id, h.VERSION: self._ctx.version}
+            if reply.status:
+                headers[h.STATUS] = reply.status
+                headers[h.ERROR] = reply.error
+            self._singles.append((entry.mirror, headers, b"".join(parts)))
+
+    def error(self, entry: BatchEntry, code: StatusCode, message: str) -> None:
+        """Answer one request with an error."""
+        if not entry.token:
+            headers, body = error_reply(self._ctx, entry, code, message)
+            self.single(entry, headers, body, code.name)
+            return
+        reply = BundledReply(entry.token, code.name, message)
+        if entry.reply:
+            self._groups.add(entry.reply, reply)
+        if entry.mirror:
+            self._mirror(entry, BundledReply(entry.mirror_token, code.name, message), ())
+        self._count(code.name)
+
+    def __len__(self) -> int:
+        return sum(self.counts.values())
+
+    async def send(self, nc: Client) -> None:
+        """Publish everything collected (single replies first, then the bundles)."""
+        publish = nc.publish
+        for subject, headers, body in self._singles:
+            await publish(subject, body, headers=headers)
+        for inbox, payload in self._groups.messages():
+            await publish(inbox, payload)

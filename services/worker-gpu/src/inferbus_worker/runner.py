@@ -55,8 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -91,12 +89,13 @@ from inferbus_worker.isolation import run_alone
 from inferbus_worker.microbatch import (
     BatchReplies,
     LiveRequest,
+    Outbox,
     ReplyContext,
-    error_reply,
     gather_inputs,
     split_expired,
 )
 from inferbus_worker.processing import Processing
+from inferbus_worker.pull import ConsumerGone, PullConsumer
 from inferbus_worker.settings import WorkerSettings
 from inferbus_worker.stats import VersionCounters
 
@@ -118,12 +117,6 @@ def runs_on_gpu(engine: Engine) -> bool:
         return True
     providers = getattr(engine, "providers", None) or []
     return any(p in _GPU_PROVIDERS for p in providers)
-
-
-@functools.lru_cache(maxsize=64)
-def _no_wait_request(count: int) -> bytes:
-    """The body of a JetStream no-wait pull for `count` messages (encoded once per count)."""
-    return json.dumps({"batch": count, "no_wait": True}).encode()
 
 
 class InlineRuns:
@@ -220,10 +213,13 @@ class ModelRunner:
         self._pool = ThreadPoolExecutor(
             max_workers=self._slots, thread_name_prefix=f"engine-{deployed.model}"
         )
-        self._psub: JetStreamContext.PullSubscription | None = None
+        self._puller: PullConsumer | None = None
         self._consumer_config: ConsumerConfig | None = None
         self._pull_task: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
+        self._held: dict[int, tuple[Msg, float]] = {}
+        """Micro-batches being worked on (id() → message, monotonic time taken)."""
+        self._keepalive_task: asyncio.Task[None] | None = None
         self._reply_ctx = ReplyContext(deployed.version, deployed.digest)
         self._outputs = [s.name for s in deployed.config.outputs]
         self._processing = processing
@@ -262,16 +258,19 @@ class ModelRunner:
             filter_subject=subject,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self._settings.ack_wait_s,
+            backoff=self._settings.consumer_backoff() or None,
             max_deliver=self._settings.max_deliver,
             # Bounds what a pool holds un-acked; each worker asks for no more than its slots.
             max_ack_pending=self._settings.max_ack_pending,
         )
         self._consumer_config = config
         await self._js.add_consumer(self._subjects.batch_stream, config)
-        self._psub = await self._js.pull_subscribe_bind(
-            durable=self.consumer, stream=self._subjects.batch_stream
-        )
+        self._puller = PullConsumer(self._nc, self._subjects.batch_stream, self.consumer)
+        await self._puller.start()
         self._pull_task = asyncio.create_task(self._pull_loop(), name=f"pull-{self.consumer}")
+        self._keepalive_task = asyncio.create_task(
+            self._keepalive(), name=f"keepalive-{self.consumer}"
+        )
         metrics.EXECUTION_SLOTS.labels(**self._labels).set(self._slots)
         metrics.BUSY_SLOTS.labels(**self._labels).set_function(lambda: self._slots - self._free)
 
@@ -287,15 +286,20 @@ class ModelRunner:
             self._pull_task = None
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
-        if self._psub is not None:
+        if self._keepalive_task is not None:
+            self._keepalive_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive_task
+            self._keepalive_task = None
+        if self._puller is not None:
             with contextlib.suppress(*_NATS_ERRORS):
-                await self._psub.unsubscribe()
-            self._psub = None
+                await self._puller.stop()
+            self._puller = None
         self._pool.shutdown(wait=True)
         await asyncio.to_thread(self._engine.close)
 
     async def _pull_loop(self) -> None:
-        assert self._psub is not None
+        assert self._puller is not None
         while not self._stopping.is_set():
             if self._free <= 0:
                 self._slot_freed.clear()
@@ -306,16 +310,11 @@ class ModelRunner:
                 with contextlib.suppress(*_NATS_ERRORS):
                     await self._nc.publish(self._idle_subject, b"")
             try:
-                # One batch per free slot. A long poll for one returns as soon as a
-                # batch is there; nats-py's fetch(n > 1) would hold the first batch
-                # until n arrive or the poll expires, and leave a pull request open
-                # on the server that delivers batches nobody has a slot for.
-                msgs = await self._psub.fetch(1, timeout=self._settings.fetch_timeout_s)
-            except (nats.errors.TimeoutError, TimeoutError):
-                # No batch within the poll (TimeoutError first: it is an OSError too).
-                self._queue_empty = True
-                continue
-            except (nats.js.errors.ServiceUnavailableError, nats.js.errors.NotFoundError) as exc:
+                # One batch per free slot: a long poll for one returns as soon as a
+                # batch is there, and leaves no pull open on the server that would
+                # deliver batches nobody has a slot for.
+                msgs = await self._puller.fetch(1, self._settings.fetch_timeout_s)
+            except ConsumerGone as exc:
                 # Nobody answers pulls for the consumer: it (or its memory-storage
                 # stream) went away with a nats-server restart. Create it again.
                 log.warning(
@@ -327,7 +326,11 @@ class ModelRunner:
                 log.warning("fetch failed: %s", exc, extra=self._log_extra)
                 await asyncio.sleep(self._settings.fetch_timeout_s)
                 continue
-            pending = (msgs[-1].metadata.num_pending or 0) if msgs else 0
+            if not msgs:
+                # No batch within the poll.
+                self._queue_empty = True
+                continue
+            pending = msgs[-1].metadata.num_pending or 0
             self._queue_empty = pending == 0
             if self._merge_limit > 1 and msgs:
                 if pending > 0:
@@ -357,26 +360,15 @@ class ModelRunner:
     async def _fetch_waiting(self, count: int) -> list[Msg]:
         """Take up to `count` micro-batches that are already waiting, without waiting.
 
-        A JetStream no-wait pull: the server sends what it has, then a
-        ``404 No Messages`` status. Unlike nats-py's ``fetch(n)``, this never
-        lingers on the server waiting for batches that have not arrived.
+        A JetStream no-wait pull: the server sends what it has, then ``404 No
+        Messages``; it never lingers on the server for batches not there yet.
         """
-        assert self._psub is not None
-        psub = self._psub
-        request = _no_wait_request(count)
-        out: list[Msg] = []
+        assert self._puller is not None
         try:
-            await self._nc.publish(psub._nms, request, psub._deliver)
-            while len(out) < count:
-                msg = await psub._sub.next_msg(timeout=self._settings.fetch_timeout_s)
-                if msg.headers and msg.headers.get("Status"):
-                    break  # 404/408: nothing more right now
-                out.append(msg)
-        except (nats.errors.TimeoutError, TimeoutError):
-            pass
-        except _NATS_ERRORS as exc:
+            return await self._puller.fetch(count, self._settings.fetch_timeout_s, no_wait=True)
+        except (ConsumerGone, *_NATS_ERRORS) as exc:
             log.warning("fetching waiting batches failed: %s", exc, extra=self._log_extra)
-        return out
+            return []
 
     def _plan(self, msgs: list[Msg]) -> list[list[tuple[Msg, MicroBatch | None]]]:
         """Group fetched micro-batches into engine executions.
@@ -416,8 +408,33 @@ class ModelRunner:
         if not task.cancelled() and task.exception() is not None:
             log.error("batch handler crashed: %r", task.exception(), extra=self._log_extra)
 
+    async def _keepalive(self) -> None:
+        """Tell JetStream every third of the ack wait that the batches held here are
+        still worked on, so that only a dead (or frozen) worker's batches go elsewhere
+        after the short ack wait, never a slow run's."""
+        interval = self._settings.ack_wait_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            due = time.monotonic() - interval
+            for msg, taken in list(self._held.values()):
+                if taken <= due:
+                    with contextlib.suppress(*_NATS_ERRORS):
+                        await msg.in_progress()
+
     async def _handle(self, group: list[tuple[Msg, MicroBatch | None]]) -> None:
-        """`_handle_group`, inside the trace spans of the sampled requests it holds."""
+        """`_handle_group` (its batches kept alive meanwhile), inside the trace spans
+        of the sampled requests it holds."""
+        held = self._held
+        now = time.monotonic()
+        for msg, _ in group:
+            held[id(msg)] = (msg, now)
+        try:
+            await self._handle_spanned(group)
+        finally:
+            for msg, _ in group:
+                held.pop(id(msg), None)
+
+    async def _handle_spanned(self, group: list[tuple[Msg, MicroBatch | None]]) -> None:
         spans = self._start_spans(group) if tracing.enabled() else None
         if not spans:
             await self._handle_group(group)
@@ -516,19 +533,18 @@ class ModelRunner:
         await msg.term()
         metrics.BATCHES.labels(**self._labels, outcome="garbage").inc()
 
-    async def _reply(self, entry: BatchEntry, headers: dict[str, str], body: bytes, status: str):
-        if entry.reply:
-            await self._nc.publish(entry.reply, body, headers=headers)
-        if entry.mirror:
-            # Shadow compare: the router's copy goes out after the client's reply.
-            await self._nc.publish(entry.mirror, body, headers=headers)
-        self._metric(metrics.REPLIES, status=status).inc()
-        self.stats.failed(entry)  # only error replies come here
+    async def _send(self, outbox: Outbox) -> None:
+        """Publish a run's answers and count them by status."""
+        await outbox.send(self._nc)
+        for status, n in outbox.counts.items():
+            self._metric(metrics.REPLIES, status=status).inc(n)
+        self.stats.failed(len(outbox) - outbox.counts.get("OK", 0))
 
     async def _fail_all(self, entries: list[BatchEntry], code: StatusCode, message: str) -> None:
+        outbox = Outbox(self._reply_ctx)
         for entry in entries:
-            headers, body = error_reply(self._reply_ctx, entry, code, message)
-            await self._reply(entry, headers, body, code.name)
+            outbox.error(entry, code, message)
+        await self._send(outbox)
 
     async def _process(self, msgs: list[Msg], batch: MicroBatch, *, split_on_reject: bool) -> bool:
         """Run one (possibly merged) micro-batch; False when a merged input was rejected
@@ -538,15 +554,12 @@ class ModelRunner:
         if redelivered:
             metrics.REDELIVERIES.labels(**self._labels).inc(redelivered)
         live_idx, expired_idx = split_expired(batch, h.now_ns())
-        for i in expired_idx:
-            entry = batch.entries[i]
-            headers, body = error_reply(
-                self._reply_ctx,
-                entry,
+        if expired_idx:
+            await self._fail_all(
+                [batch.entries[i] for i in expired_idx],
                 StatusCode.DEADLINE_EXCEEDED,
                 "deadline passed before the model ran",
             )
-            await self._reply(entry, headers, body, StatusCode.DEADLINE_EXCEEDED.name)
         if not live_idx:
             for msg in msgs:
                 await msg.ack()
@@ -633,19 +646,12 @@ class ModelRunner:
             self._metric(metrics.INLINE_RUNS).inc()
             return outputs
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool, _timed_run, self._engine, inputs, self._outputs)
-        # Tell JetStream the batch is still being worked on, so a long
-        # execution is not redelivered to another worker.
-        interval = self._settings.ack_wait_s / 3
-        while True:
-            done, _ = await asyncio.wait({future}, timeout=interval)
-            if done:
-                outputs, seconds = future.result()
-                self._inline.observe(rows, seconds)
-                return outputs
-            for msg in msgs:
-                with contextlib.suppress(*_NATS_ERRORS):
-                    await msg.in_progress()
+        # `_keepalive` tells JetStream meanwhile that the batch is still worked on.
+        outputs, seconds = await loop.run_in_executor(
+            self._pool, _timed_run, self._engine, inputs, self._outputs
+        )
+        self._inline.observe(rows, seconds)
+        return outputs
 
     async def _run_alone(
         self, inputs: dict[str, np.ndarray], requests: list[LiveRequest]
@@ -659,9 +665,10 @@ class ModelRunner:
         result = await loop.run_in_executor(
             self._pool, run_alone, self._engine, inputs, requests, self._outputs
         )
+        outbox = Outbox(self._reply_ctx)
         for r, code, message in result.rejected:
-            headers, body = error_reply(self._reply_ctx, r.entry, code, message)
-            await self._reply(r.entry, headers, body, code.name)
+            outbox.error(r.entry, code, message)
+        await self._send(outbox)
         return result.outputs, result.requests
 
     async def _preprocess(
@@ -685,16 +692,15 @@ class ModelRunner:
         if not result.row_errors:
             return result.inputs, requests
         kept = []
+        outbox = Outbox(self._reply_ctx)
         for r in requests:
             bad = next((i for i in range(r.start, r.stop) if i in result.row_errors), None)
             if bad is None:
                 kept.append(r)
                 continue
             message = f"{self._config.name}: row {bad - r.start}: {result.row_errors[bad]}"
-            headers, body = error_reply(
-                self._reply_ctx, r.entry, StatusCode.INVALID_ARGUMENT, message
-            )
-            await self._reply(r.entry, headers, body, StatusCode.INVALID_ARGUMENT.name)
+            outbox.error(r.entry, StatusCode.INVALID_ARGUMENT, message)
+        await self._send(outbox)
         return result.inputs, kept
 
     async def _postprocess(
@@ -744,32 +750,19 @@ class ModelRunner:
             batch_rows=rows,
             stages_ms=stages,
         )
-        publish = self._nc.publish
-        sent = 0
-        try:
-            for r in requests:
-                entry = r.entry
-                queue_ms = (
-                    max(0.0, (start_ns - entry.enqueued_ns) / 1e6) if entry.enqueued_ns else 0.0
-                )
-                try:
+        outbox = Outbox(self._reply_ctx, replies.shared_timings, rows)
+        for r in requests:
+            entry = r.entry
+            queue_ms = max(0.0, (start_ns - entry.enqueued_ns) / 1e6) if entry.enqueued_ns else 0.0
+            try:
+                if entry.token:
+                    outbox.ok(entry, queue_ms, replies.frame_parts(r))
+                else:
                     headers, body = replies.ok(r, queue_ms)
-                except InvalidArgument as exc:
-                    headers, body = error_reply(
-                        self._reply_ctx, entry, StatusCode.INVALID_ARGUMENT, exc.message
-                    )
-                    await self._reply(entry, headers, body, StatusCode.INVALID_ARGUMENT.name)
-                    continue
-                # `_reply` inlined, with the OK replies counted once per execution.
-                if entry.reply:
-                    await publish(entry.reply, body, headers=headers)
-                if entry.mirror:
-                    # Shadow compare: the router's copy goes out after the client's reply.
-                    await publish(entry.mirror, body, headers=headers)
-                sent += 1
-        finally:
-            if sent:
-                self._metric(metrics.REPLIES, status="OK").inc(sent)
+                    outbox.single(entry, headers, body, "OK")
+            except InvalidArgument as exc:
+                outbox.error(entry, StatusCode.INVALID_ARGUMENT, exc.message)
+        await self._send(outbox)
 
     async def _poison(
         self, msgs: list[Msg], entries: list[BatchEntry], code: StatusCode, message: str

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from inferbus_common.settings import ServiceSettings
@@ -37,8 +37,16 @@ class WorkerSettings(ServiceSettings):
     unloaded, so requests already routed to it finish (make-before-break)."""
     heartbeat_s: float = Field(default=2.0, gt=0)
     """How often the worker writes its status to the workers bucket."""
-    ack_wait_s: float = Field(default=30.0, gt=0)
-    """JetStream ack wait of the batch consumers: a batch not acked by then is redelivered."""
+    ack_wait_s: float = Field(default=0.5, gt=0)
+    """JetStream ack wait of a micro-batch's first delivery: one not acked (or kept
+    alive) by then goes to another worker. A worker keeps the batches it works on
+    alive (``in_progress`` every third of this), so only a dead or frozen worker's
+    batches come back: a killed worker's callers are answered about this much later.
+    Later deliveries wait `redelivery_backoff_s`."""
+    redelivery_backoff_s: list[float] = Field(default=[2.0, 5.0, 10.0])
+    """Ack waits of the second, third, ... delivery of a micro-batch (with `ack_wait_s`
+    first, JetStream's consumer ``backoff``; cut to ``max_deliver - 1`` entries): a
+    batch a frozen worker still holds is not sent around every half second."""
     max_deliver: int = Field(default=5, ge=1)
     """Deliveries of one micro-batch before it is given up."""
     fetch_timeout_s: float = Field(default=1.0, gt=0)
@@ -61,3 +69,17 @@ class WorkerSettings(ServiceSettings):
     """Limit for downloading one artifact file from the registry."""
     trt_cache_dir: Path | None = None
     """Engine cache of the TensorRT execution provider; ``<cache_dir>/tensorrt`` when unset."""
+
+    @field_validator("redelivery_backoff_s")
+    @classmethod
+    def _positive(cls, value: list[float]) -> list[float]:
+        if any(v <= 0 for v in value):
+            raise ValueError("every redelivery ack wait must be positive")
+        return value
+
+    def consumer_backoff(self) -> list[float]:
+        """The batch consumers' JetStream ``backoff``: the ack wait of each delivery
+        ([] when a batch has a single delivery: then `ack_wait_s` alone)."""
+        if self.max_deliver <= 1:
+            return []
+        return [self.ack_wait_s, *self.redelivery_backoff_s][: self.max_deliver - 1]

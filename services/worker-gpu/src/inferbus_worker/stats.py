@@ -1,8 +1,9 @@
 """Cumulative inference statistics of one served version, for Triton's statistics extension.
 
 The `ModelRunner` calls `VersionCounters.executed` once per answered engine
-execution and `VersionCounters.failed` once per error reply; both are a few
-integer additions on the event loop (no lock: the runner updates them from
+execution and `VersionCounters.failed` once per batch of answers sent (with
+the number of errors among them); both are a few integer additions on the
+event loop (no lock: the runner updates them from
 there only). The heartbeat puts `snapshot` in the worker's status record and
 gateways sum the live workers' records (`inferbus_common.modelstats`).
 """
@@ -13,7 +14,6 @@ import time
 from collections.abc import Mapping, Sequence
 
 from inferbus_common.modelstats import Duration, ModelStats
-from inferbus_common.wire import BatchEntry
 from inferbus_worker.microbatch import LiveRequest
 
 
@@ -97,11 +97,10 @@ class VersionCounters:
         batch[2] += infer_ns
         batch[3] += output_ns
 
-    def failed(self, entry: BatchEntry) -> None:
-        """Record a request answered with an error."""
-        self._fail[0] += 1
-        if entry.enqueued_ns:
-            self._fail[1] += max(0, time.time_ns() - entry.enqueued_ns)
+    def failed(self, count: int) -> None:
+        """Record `count` requests answered with an error (their durations are not
+        measured: Triton's ``fail.ns`` stays 0)."""
+        self._fail[0] += count
 
     def snapshot(self) -> ModelStats:
         """The counters now, as the heartbeat record carries them."""
