@@ -31,10 +31,16 @@ from inferbus_worker.engines import (
     EngineError,
     EngineInputError,
     OnnxRuntimeEngine,
+    PermanentEngineError,
     build_engine,
     warmup_batch_sizes,
 )
-from inferbus_worker.engines.onnx import bytes_from_ort, permanent_failure, texts_for_ort
+from inferbus_worker.engines.onnx import (
+    bytes_from_ort,
+    input_fault,
+    permanent_failure,
+    texts_for_ort,
+)
 from inferbus_worker.runner import ModelRunner
 from inferbus_worker.settings import WorkerSettings
 
@@ -207,6 +213,26 @@ def test_warmup_failure_without_string_inputs_fails_the_load(tmp_path: Path) -> 
     engine.load()
     with pytest.raises(EngineError, match="warm-up failed"):
         engine.warmup(warmup_batch_sizes(config))
+    # Run anyway: the model's fault, for good (INTERNAL at once, a rollout sees it).
+    with pytest.raises(PermanentEngineError, match=r"on every retry.*Reshape"):
+        engine.run({"x": np.ones((2, 4), np.float32)}, ["y"])
+
+
+def test_input_faults_are_values_the_input_brought() -> None:
+    running = "Non-zero status code returned while running {op} node. Status Message: {msg}"
+    for op, msg in [
+        ("Cast", "stoll"),
+        ("Cast", "stod"),
+        ("Cast", "stoull"),
+        ("Gather", "indices element out of data bounds, idx=9 must be within [-3,2]"),
+    ]:
+        assert input_fault(RuntimeError(running.format(op=op, msg=msg))), msg
+    for op, msg in [
+        ("Reshape", "The input tensor cannot be reshaped to the requested shape"),
+        ("MatMul", "dimension mismatch"),
+        ("Custom", "restore failed"),
+    ]:
+        assert not input_fault(RuntimeError(running.format(op=op, msg=msg))), msg
 
 
 # --- the runner: a bad string fails its own request only, at once --------------------

@@ -1,8 +1,9 @@
 """Which requests of a rejected engine batch are at fault, and the results of the rest.
 
 When the engine refuses a whole batch (`EngineInputError`: a string that
-does not parse, text that is not UTF-8, an index out of range), the cause is
-usually one request's rows; the other requests in the micro-batch are valid
+does not parse, text that is not UTF-8, an index out of range) or fails on it
+for good (`PermanentEngineError`: a model that breaks on some values), the
+cause is usually one request's rows; the other requests in the micro-batch are valid
 and must not fail with it. `run_alone` runs each request's rows on their own
 and joins the results of those that computed, so the runner answers those as
 usual and only the culprits with their error. A model fault that is the
@@ -50,9 +51,9 @@ def run_alone(
     """Run each request's rows of `inputs` alone (a batched model's batch axis 0).
 
     A request the engine refuses is answered ``INVALID_ARGUMENT`` with the
-    engine's message; one that fails otherwise ``INTERNAL`` (no retry: the
-    batch already failed once, and the failure is reported rather than
-    hidden behind redeliveries).
+    engine's message; one that fails otherwise ``INTERNAL`` with it (no
+    retry: the batch already failed once, and the failure is reported
+    rather than hidden behind redeliveries).
     """
     result = Isolated()
     parts: list[dict[str, np.ndarray]] = []
@@ -66,7 +67,7 @@ def run_alone(
             result.rejected.append((r, StatusCode.INVALID_ARGUMENT, exc.message))
             continue
         except EngineError as exc:
-            result.rejected.append((r, StatusCode.INTERNAL, f"the model failed to run: {exc}"))
+            result.rejected.append((r, StatusCode.INTERNAL, exc.message))
             continue
         parts.append(out)
         result.requests.append(LiveRequest(r.entry, row))

@@ -17,13 +17,13 @@ Per micro-batch:
    flush round trip between them), so the server sees the ack only after the
    replies; a worker dying before the ack gets the batch redelivered
    (at-least-once inside, the gateway keeps the first answer);
-5. inputs the engine rejects are answered ``INVALID_ARGUMENT`` and the batch
-   is terminated (when the batch holds several requests, each runs alone
-   first, `inferbus_worker.isolation`: only the ones refused alone fail);
-   other engine failures are retried with ``nak(delay)`` until the last
-   delivery, which is answered ``INTERNAL`` and terminated. Failures the
-   engine knows will recur for the same inputs (a kernel failing on its
-   data) count as rejections, never as retries.
+5. inputs the engine rejects are answered ``INVALID_ARGUMENT``, failures
+   the engine knows will recur for the same inputs (`PermanentEngineError`:
+   a broken model) ``INTERNAL``, both at once and the batch terminated
+   (when it holds several requests, each runs alone first,
+   `inferbus_worker.isolation`: only the ones that fail alone fail); other
+   engine failures are retried with ``nak(delay)`` until the last delivery,
+   which is answered ``INTERNAL`` and terminated.
 
 Merging: when a fetched micro-batch says more are waiting for the consumer
 (JetStream's ``num_pending``), the runner takes those at once (a no-wait
@@ -84,7 +84,13 @@ from inferbus_common.wire import (
     join_tensors,
 )
 from inferbus_worker import metrics
-from inferbus_worker.engines import Engine, EngineError, EngineInputError, TensorRTEngine
+from inferbus_worker.engines import (
+    Engine,
+    EngineError,
+    EngineInputError,
+    PermanentEngineError,
+    TensorRTEngine,
+)
 from inferbus_worker.isolation import run_alone
 from inferbus_worker.microbatch import (
     BatchReplies,
@@ -586,12 +592,17 @@ class ModelRunner:
         t0 = time.monotonic()
         try:
             outputs = await self._compute(msgs, inputs, sum(r.entry.rows for r in requests))
-        except EngineInputError as exc:
+        except (EngineInputError, PermanentEngineError) as exc:
             if split_on_reject:
                 # Expired requests may be answered twice then; the gateway keeps the first.
                 return False
             if len(requests) < 2 or self._config.max_batch_size <= 0:
-                await self._poison(msgs, live_entries, StatusCode.INVALID_ARGUMENT, exc.message)
+                code = (
+                    StatusCode.INVALID_ARGUMENT
+                    if isinstance(exc, EngineInputError)
+                    else StatusCode.INTERNAL
+                )
+                await self._poison(msgs, live_entries, code, exc.message)
                 return True
             # One request's rows are usually at fault: answer the others as usual.
             outputs, requests = await self._run_alone(inputs, requests)

@@ -11,6 +11,7 @@ rest of the worker only ever sees bytes.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from inferbus_common.modelconfig import EngineConfig
-from inferbus_worker.engines.base import EngineError, EngineInputError
+from inferbus_worker.engines.base import EngineError, EngineInputError, PermanentEngineError
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +193,12 @@ class OnnxRuntimeEngine:
         # ORT's Fail/RuntimeException and the like (CancelledError is no Exception).
         except Exception as exc:
             if permanent_failure(exc):
-                raise EngineInputError(
-                    f"the model cannot compute these inputs: {_one_line(exc)}"
+                if input_fault(exc):
+                    raise EngineInputError(
+                        f"the model cannot compute these inputs: {_one_line(exc)}"
+                    ) from exc
+                raise PermanentEngineError(
+                    f"the model fails on these inputs (on every retry): {_one_line(exc)}"
                 ) from exc
             raise EngineError(f"inference failed: {_one_line(exc)}") from exc
         out = dict(zip(output_names, results, strict=True))
@@ -226,6 +231,25 @@ def permanent_failure(exc: BaseException) -> bool:
         return False
     lowered = text.lower()
     return not any(marker in lowered for marker in _DEVICE_MARKERS)
+
+
+_INPUT_FAULT = re.compile(
+    r"\bsto(?:i|l|ll|ul|ull|f|d|ld)\b|out of (?:data )?bounds|out of range", re.IGNORECASE
+)
+"""What a kernel failing on its input's values says: a string that does not parse as
+a number (C++ ``std::stoll`` and kin, as string Casts report it), an index outside
+the data (Gather, embedding lookups)."""
+
+
+def input_fault(exc: BaseException) -> bool:
+    """Whether a permanent run failure is the input's fault (else the model's).
+
+    Only failures that name a value the input brought count: a text that is
+    no number, an index out of range. Anything else (a Reshape that cannot
+    hold the batch, an op the graph misuses) is the model's fault: the
+    client cannot fix it, and a rollout must see it as the model failing.
+    """
+    return _INPUT_FAULT.search(str(exc)) is not None
 
 
 def _one_line(exc: BaseException) -> str:
