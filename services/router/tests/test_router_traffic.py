@@ -507,9 +507,13 @@ async def test_a_bundle_is_split_by_version_with_its_shadow_copies(
     got_reply = asyncio.Event()
     replies: list[BundledReply] = []
 
+    probes: list[Msg] = []
+
     async def on_forward(msg: Msg) -> None:
         if is_request_bundle(msg.data):
             forwarded.append((msg.subject, decode_request_bundle(msg.data)))
+        else:
+            probes.append(msg)
 
     async def on_reply(msg: Msg) -> None:
         replies.extend(decode_reply_bundle(msg.data).replies)
@@ -528,6 +532,7 @@ async def test_a_bundle_is_split_by_version_with_its_shadow_copies(
     requests.append(BundledRequest(51, "unknown", time.time_ns() + 10**10, pin="9"))
     async with running_router(nats_server.url, "r-bundle") as (_, catalog, comparer):
         await wait_route(catalog, route)
+        await _probe_until(nats_client, "bun", lambda: bool(probes))
         await nats_client.publish(
             SUBJECTS.route("bun"),
             encode_request_bundle("bun", "", "gwtest.b", requests, [(x,)] * len(requests)),
@@ -594,14 +599,20 @@ async def test_a_bundle_nobody_takes_is_answered_unavailable_at_once(
     replies: list[BundledReply] = []
 
     async def on_reply(msg: Msg) -> None:
-        replies.extend(decode_reply_bundle(msg.data).replies)
+        if msg.subject == "gwlonely.b":
+            replies.extend(decode_reply_bundle(msg.data).replies)
+        else:
+            probed.append(msg)
 
-    await nats_client.subscribe("gwlonely.b", cb=on_reply)
+    probed: list[Msg] = []
+    await nats_client.subscribe("gwlonely.*", cb=on_reply)
     await nats_client.flush()
     x = encode_tensors([tensor_from_numpy("input", np.ones((1, 2), np.float32))])
     requests = [BundledRequest(t, f"r{t}", time.time_ns() + 10**10) for t in (3, 4, 5)]
     async with running_router(nats_server.url, "r-lonely") as (_, catalog, _):
         await wait_route(catalog, route)
+        # A single request answered UNAVAILABLE (no batcher) shows the router takes requests.
+        await _probe_until(nats_client, "lonely", lambda: bool(probed), reply="gwlonely.probe")
         t0 = time.monotonic()
         await nats_client.publish(
             SUBJECTS.route("lonely"),
@@ -615,3 +626,26 @@ async def test_a_bundle_nobody_takes_is_answered_unavailable_at_once(
             (5, "UNAVAILABLE"),
         ]
         assert "no batcher" in replies[0].error
+
+
+async def _probe_until(
+    nc: Client, model: str, arrived: Callable[[], bool], *, reply: str = "test.reply"
+) -> None:
+    """Send pinned single requests until `arrived()`: a fresh router subscription
+    can miss the first message published right after it (see `Forwarded.probe`)."""
+    deadline = time.monotonic() + 10
+    k = 0
+    while not arrived():
+        assert time.monotonic() < deadline, "router takes no requests"
+        await nc.publish(
+            SUBJECTS.route(model),
+            b"",
+            headers={
+                h.MODEL: model,
+                h.REQUEST_ID: f"probe-{k}",
+                h.VERSION: "stable",
+                h.REPLY: reply,
+            },
+        )
+        k += 1
+        await asyncio.sleep(0.02)
