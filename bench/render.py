@@ -525,7 +525,11 @@ HAND_WRITTEN_BEGIN = "<!-- hand-written: {name} (edit that file, then render.py 
 HAND_WRITTEN_END = "<!-- end hand-written: {name} -->"
 BENCH = Path(__file__).resolve().parent
 DEFAULT_FINDINGS = BENCH / "findings.md"
-DEFAULT_APPENDIX = (BENCH / "performance.md", BENCH / "observability.md")
+DEFAULT_APPENDIX = (
+    BENCH / "performance.md",
+    BENCH / "observability.md",
+    BENCH / "perf_analyzer.md",
+)
 """Hand-written sections placed after the generated ones, in this order."""
 
 
@@ -668,7 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=None,
         help="hand-written markdown after the generated sections (repeatable; default"
-        " bench/performance.md and bench/observability.md)",
+        " bench/performance.md, bench/observability.md, bench/perf_analyzer.md)",
     )
     p.add_argument(
         "--refresh",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install what is missing (scripts/bootstrap.sh, scripts/bootstrap-llm.sh), then run the
-# whole test suite.
+# Install what is missing (scripts/bootstrap.sh, scripts/bootstrap-llm.sh,
+# scripts/install-perf-analyzer.sh), then run the whole test suite.
 #
 #   scripts/test.sh [pytest arguments...]      e.g. scripts/test.sh -x -k catalog
 #
@@ -24,6 +24,11 @@ if [[ "${INFERBUS_SKIP_BOOTSTRAP:-0}" != "1" ]]; then
     # not fatal.
     if ! bash scripts/bootstrap-llm.sh; then
         echo "[test] WARNING: scripts/bootstrap-llm.sh failed; the vLLM tests will be SKIPPED" >&2
+    fi
+    # Triton's perf_analyzer in .venvs/perf_analyzer (a few seconds, ~40 MB).
+    if ! bash scripts/install-perf-analyzer.sh; then
+        echo "[test] WARNING: scripts/install-perf-analyzer.sh failed; the perf_analyzer" \
+            "test will be SKIPPED" >&2
     fi
 fi
 

@@ -119,3 +119,65 @@ async def test_push_download_archive_delete(
     assert await _cli("models", "delete", "fraud", "2", "--yes", *reg) == 0
     assert "versions 1;" in capsys.readouterr().out
     assert await registry.store.list("models/fraud/2/") == []
+
+
+async def test_push_of_a_bare_onnx_file_derives_its_config(
+    registry: RegistryApp, fraud_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Triton's auto-complete: no config.json, the registry reads the graph."""
+    from inferbus_testing.stringmodels import write_identity_bytes
+
+    reg = ["--registry", f"127.0.0.1:{registry.grpc_port}"]
+    bare = fraud_model / "model.onnx"
+    assert await _cli("models", "push", str(bare), "--name", "auto", "--version", "1", *reg) == 0
+    err = capsys.readouterr().err
+    assert "derived it from model.onnx" in err
+    assert "input  input: FP32 [-1, 64]" in err
+    assert "output probabilities: FP32 [-1, 2]" in err
+    assert "max_batch_size 32" in err
+    assert await _cli("models", "get", "auto", "--version", "1", *reg) == 0
+    config = json.loads(capsys.readouterr().out)["config"]
+    assert config["name"] == "auto"
+    assert config["max_batch_size"] == 32
+    assert config["inputs"] == [
+        {
+            "name": "input",
+            "datatype": "FP32",
+            "shape": [-1, 64],
+            "max_element_bytes": None,
+            "truncate": False,
+        }
+    ]
+    # String tensors become BYTES; pushing the same file again changes nothing.
+    strings = write_identity_bytes(tmp_path / "strid") / "model.onnx"
+    assert await _cli("models", "push", str(strings), "--name", "s", "--version", "1", *reg) == 0
+    assert "input  IN: BYTES [-1, -1]" in capsys.readouterr().err
+    assert await _cli("models", "push", str(strings), "--name", "s", "--version", "1", *reg) == 0
+
+
+async def test_push_of_an_onnx_file_without_batch_axis_takes_shapes_literally(
+    registry: RegistryApp, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "fixed",
+        [helper.make_tensor_value_info("x", TensorProto.INT32, [3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [3, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "fixed.onnx"
+    onnx.save_model(model, str(path))
+    reg = ["--registry", f"127.0.0.1:{registry.grpc_port}"]
+    assert await _cli("models", "push", str(path), "--name", "fixed", "--version", "1", *reg) == 0
+    err = capsys.readouterr().err
+    assert "input  x: INT32 [3, 4]" in err
+    assert "max_batch_size 0 (no batch axis" in err
+    # Not ONNX at all: a clear refusal, nothing stored.
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model")
+    assert await _cli("models", "push", str(junk), "--name", "junk", "--version", "1", *reg) == 1
+    assert "not a valid ONNX model" in capsys.readouterr().err

@@ -37,10 +37,15 @@ def test_single_file_push_takes_the_config_file_name(tmp_path: Path) -> None:
     version = write_version(tmp_path / "v1")
     single = tmp_path / "my-model.onnx"
     single.write_bytes(b"x")
-    with pytest.raises(PushError, match="--config"):
-        collect_files(single, None)
     _config, files = collect_files(single, version / "config.json")
     assert files == [("model.onnx", single)]
+    # Without a config, a .onnx file goes with none: the registry derives it.
+    config, files = collect_files(single, None)
+    assert (config, files) == (b"", [("model.onnx", single)])
+    other = tmp_path / "model.plan"
+    other.write_bytes(b"x")
+    with pytest.raises(PushError, match="--config"):
+        collect_files(other, None)
 
 
 @pytest.mark.parametrize(

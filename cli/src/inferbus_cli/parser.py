@@ -131,7 +131,11 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     push.add_argument(
         "--alias", action="append", default=[], help="alias to point at it (repeatable)"
     )
-    push.add_argument("--config", help="config.json (required when PATH is a single file)")
+    push.add_argument(
+        "--config",
+        help="config.json for a single-file PATH (without it a .onnx file's config is "
+        "derived from its graph, and printed)",
+    )
     push.add_argument("--json", action="store_true", help="print the version as JSON")
     push.add_argument(
         "--progress", action="store_true", help="draw a progress bar even when not a terminal"

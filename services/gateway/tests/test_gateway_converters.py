@@ -112,3 +112,42 @@ def test_model_metadata_has_only_v2_tensor_fields() -> None:
     md = _tensor_metadata(spec)
     assert md == {"name": "s", "datatype": "BYTES", "shape": [-1]}
     pb.ModelMetadataResponse().inputs.add(**md)  # accepted by the V2 message
+
+
+@pytest.mark.parametrize("kind", ["string_param", "double_param", "bool_param"])
+@pytest.mark.parametrize("key", ["timeout", "priority"])
+def test_timeout_and_priority_that_are_not_integers_are_refused(key: str, kind: str) -> None:
+    req = pb.ModelInferRequest(model_name="m")
+    t = req.inputs.add(name="x", datatype="FP32", shape=[1])
+    t.contents.fp32_contents.append(1.0)
+    setattr(req.parameters[key], kind, {"string_param": "5", "double_param": 5.0}.get(kind, True))
+    with pytest.raises(InvalidArgument, match=f"parameter '{key}' must be a non-negative"):
+        request_from_proto(req, None)
+
+
+def test_negative_timeout_is_refused() -> None:
+    req = pb.ModelInferRequest(model_name="m")
+    t = req.inputs.add(name="x", datatype="FP32", shape=[1])
+    t.contents.fp32_contents.append(1.0)
+    req.parameters["timeout"].int64_param = -1
+    with pytest.raises(InvalidArgument, match="non-negative"):
+        request_from_proto(req, None)
+
+
+def test_values_in_two_typed_fields_are_refused() -> None:
+    req = pb.ModelInferRequest(model_name="m")
+    t = req.inputs.add(name="x", datatype="FP32", shape=[2])
+    t.contents.fp32_contents.extend([1.0, 2.0])
+    t.contents.int_contents.extend([3, 4])
+    with pytest.raises(InvalidArgument, match=r"contents\.int_contents must be empty"):
+        request_from_proto(req, None)
+
+
+def test_raw_and_typed_contents_in_one_request_are_refused() -> None:
+    req = pb.ModelInferRequest(model_name="m")
+    a = req.inputs.add(name="a", datatype="FP32", shape=[1])
+    a.contents.fp32_contents.append(1.0)
+    req.inputs.add(name="b", datatype="FP32", shape=[1])
+    req.raw_input_contents.extend([np.float32(1).tobytes(), np.float32(2).tobytes()])
+    with pytest.raises(InvalidArgument, match="either raw_input_contents or contents"):
+        request_from_proto(req, None)

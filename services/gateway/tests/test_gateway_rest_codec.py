@@ -146,3 +146,68 @@ def test_response_json_and_binary() -> None:
     head = json.loads(body[:n])
     assert head["outputs"][0]["parameters"]["binary_data_size"] == 8
     assert np.frombuffer(body[n:], dtype=np.float32).tolist() == [0.5, 0.5]
+
+
+def _one_input(datatype: str, data: object, shape: list[int], **extra: object) -> bytes:
+    item = {"name": "x", "datatype": datatype, "shape": shape, "data": data}
+    return json.dumps({"inputs": [item], **extra}).encode()
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "what"),
+    [
+        ("FP32", ["NaN", 1.0], "JSON numbers, got 'NaN'"),
+        ("FP32", [True, 1.0], "JSON numbers, got True"),
+        ("FP64", [[1.0], ["2"]], "JSON numbers"),
+        ("INT32", [1, 2.5], "JSON integers, got 2.5"),
+        ("INT64", [1, False], "JSON integers, got False"),
+        ("UINT8", [1, None], "JSON integers, got None"),
+        ("BOOL", [True, 1], "JSON true/false, got 1"),
+    ],
+)
+def test_numeric_json_data_is_strict(datatype: str, data: list, what: str) -> None:
+    """Triton's rules: no strings or booleans for numbers, no floats for integers."""
+    body = _one_input(datatype, data, [2, 1] if isinstance(data[0], list) else [2])
+    with pytest.raises(InvalidArgument, match=what):
+        request_from_http("m", "", body, None, None)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data"),
+    [("INT8", [1, 300]), ("UINT16", [1, -1]), ("FP32", [1.0, 1e39]), ("FP16", [1.0, 70000])],
+)
+def test_numbers_out_of_range_are_refused(datatype: str, data: list) -> None:
+    with pytest.raises(InvalidArgument, match=f"not a list of {datatype}"):
+        request_from_http("m", "", _one_input(datatype, data, [2]), None, None)
+
+
+def test_integers_are_numbers_for_floating_point() -> None:
+    req, _, _ = request_from_http("m", "", _one_input("FP32", [1, 2.5], [2]), None, None)
+    assert req.inputs[0].as_numpy().tolist() == [1.0, 2.5]
+
+
+def test_data_and_binary_data_in_one_input_are_refused() -> None:
+    item = {
+        "name": "x",
+        "datatype": "FP32",
+        "shape": [1],
+        "data": [1.0],
+        "parameters": {"binary_data_size": 4},
+    }
+    head = json.dumps({"inputs": [item]}).encode()
+    with pytest.raises(InvalidArgument, match=r"either 'data' or parameters\.binary_data_size"):
+        request_from_http("m", "", head + np.float32(2).tobytes(), len(head), None)
+
+
+@pytest.mark.parametrize("value", ["1000", 1.5, True, -5, None, [1]])
+@pytest.mark.parametrize("key", ["timeout", "priority"])
+def test_timeout_and_priority_must_be_integers(key: str, value: object) -> None:
+    body = _one_input("FP32", [1.0], [1], parameters={key: value})
+    with pytest.raises(InvalidArgument, match=f"parameters.{key} must be a non-negative integer"):
+        request_from_http("m", "", body, None, None)
+
+
+def test_zero_timeout_means_none() -> None:
+    body = _one_input("FP32", [1.0], [1], parameters={"timeout": 0, "priority": 2})
+    req, _, _ = request_from_http("m", "", body, None, 3.0)
+    assert req.timeout_s == 3.0 and req.priority == 2

@@ -53,7 +53,9 @@ def collect_files(path: Path, config: Path | None) -> tuple[bytes, list[tuple[st
     `path` is a version directory (``config.json`` plus the artifact files, any
     depth; hidden files are skipped) or a single model file pushed with a
     separate `config`; a single file is stored under the config's ``file``
-    name (``model.onnx`` by default).
+    name (``model.onnx`` by default). A single ``.onnx`` file without a
+    config is pushed as ``model.onnx`` with empty config bytes: the registry
+    derives the config from the graph (Triton's auto-complete).
 
     Raises:
         PushError: a file is missing, the config is invalid, or the artifact the
@@ -73,6 +75,8 @@ def collect_files(path: Path, config: Path | None) -> tuple[bytes, list[tuple[st
         )
     elif path.is_file():
         if config is None:
+            if path.suffix == ".onnx":
+                return b"", [("model.onnx", path)]
             raise PushError(f"{path} is a single file: give its config with --config config.json")
         config_path = config
         if not config_path.is_file():
@@ -189,6 +193,9 @@ def run_push(args: argparse.Namespace) -> int:
             return _fail(f"PushVersion: {rpc_error_text(exc, address)}")
         finally:
             bar.close()
+    if not config_bytes:
+        # Said on stderr, so --json output stays one document.
+        print(derived_summary(info), file=sys.stderr)
     if args.json:
         print(json.dumps(version_to_json(info), indent=2))
     else:
@@ -196,6 +203,28 @@ def run_push(args: argparse.Namespace) -> int:
         print(f"pushed {info.model} version {info.version} (aliases: {aliases})")
         print(f"digest: {info.digest}")
     return 0
+
+
+def derived_summary(info: rpb.VersionInfo) -> str:
+    """What the registry derived for a version pushed without a config, for a person."""
+    config = ModelConfig.model_validate_json(info.config_json)
+    lines = [f"no config given: the registry derived it from {config.file}:"]
+    for kind, specs in (("input", config.inputs), ("output", config.outputs)):
+        for spec in specs:
+            lines.append(f"  {kind:6} {spec.name}: {spec.datatype} {spec.shape}")
+    if config.max_batch_size > 0:
+        lines.append(
+            f"  max_batch_size {config.max_batch_size} (every tensor's first dimension is "
+            f"symbolic: batched along it; dynamic batching, queue delay "
+            f"{config.batching.max_queue_delay_us} us)"
+        )
+    else:
+        lines.append("  max_batch_size 0 (no batch axis: shapes are taken literally)")
+    lines.append(
+        f"  see it with `inferbus models get {info.model} --version {info.version}`; push a "
+        "config.json to change any of it"
+    )
+    return "\n".join(lines)
 
 
 def run_list(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, Field, ValidationError
 
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.modelstats import ModelStats
 from inferbus_common.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,9 @@ class WorkerStatus(BaseModel):
     """False while its pool's quota keeps it out (it then serves nothing)."""
     reason: str = ""
     """Why it is not admitted ('' when admitted)."""
+    stats: dict[str, ModelStats] = Field(default_factory=dict)
+    """``"<model>/<version>"`` → cumulative inference statistics of the versions it
+    serves (Triton's statistics extension sums them over live workers)."""
 
     def is_fresh(self, max_age_s: float) -> bool:
         """Whether the heartbeat is recent enough to trust."""
@@ -449,6 +453,15 @@ class Catalog:
             w
             for w in self.workers.values()
             if w.models.get(key) == "ready" and w.is_fresh(self._max_age)
+        ]
+
+    def version_stats(self, model: str, version: str) -> list[ModelStats]:
+        """The statistics live workers report for (`model`, `version`), one per worker."""
+        key = f"{model}/{version}"
+        return [
+            w.stats[key]
+            for w in self.workers.values()
+            if key in w.stats and w.is_fresh(self._max_age)
         ]
 
     def version_state(self, model: str, version: str) -> str:

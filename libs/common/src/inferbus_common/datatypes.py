@@ -58,6 +58,15 @@ DATATYPE_CODES: dict[str, int] = {
 }
 CODE_DATATYPES: dict[int, str] = {v: k for k, v in DATATYPE_CODES.items()}
 
+#: V2 datatype name → Triton model-configuration ``DataType`` name (``TYPE_FP32``...).
+V2_TO_CONFIG: dict[str, str] = {
+    **{name: f"TYPE_{name}" for name in V2_TO_NUMPY},
+    BYTES: "TYPE_STRING",
+}
+
+#: Triton model-configuration ``DataType`` name → V2 datatype name (the inverse table).
+CONFIG_TO_V2: dict[str, str] = {v: k for k, v in V2_TO_CONFIG.items()}
+
 
 def numpy_dtype(datatype: str) -> np.dtype:
     """numpy dtype for a fixed-size V2 datatype.

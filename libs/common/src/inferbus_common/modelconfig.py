@@ -38,12 +38,31 @@ class TensorSpec(BaseModel):
     truncate: bool = False
     """BYTES inputs only: cut longer elements to `max_element_bytes` instead of
     refusing the request (a cleaning rule, like truncating over-long text)."""
+    label_filename: str | None = None
+    """Outputs only: labels file in the version directory (line i names class i),
+    used by Triton's classification extension (``class_count`` on a requested
+    output answers "score:index:label" strings of the top classes)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_labels(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out when unset, so configs without it dump (and hash) as before it existed.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("label_filename") is None:
+            data.pop("label_filename", None)
+        return data
 
     @field_validator("datatype")
     @classmethod
     def _known_datatype(cls, v: str) -> str:
         if v not in ALL_DATATYPES:
             raise ValueError(f"unknown datatype {v!r}; expected one of {sorted(ALL_DATATYPES)}")
+        return v
+
+    @field_validator("label_filename")
+    @classmethod
+    def _relative_file(cls, v: str | None) -> str | None:
+        if v is not None and (not v or v.startswith("/") or ".." in v.split("/")):
+            raise ValueError(f"label_filename {v!r} must be a path inside the version directory")
         return v
 
     @model_validator(mode="after")
@@ -397,6 +416,10 @@ class ModelConfig(BaseModel):
         _check_processing(self)
         return self
 
+    def label_files(self) -> list[str]:
+        """Labels files the outputs name (classification extension), sorted."""
+        return sorted({s.label_filename for s in self.outputs if s.label_filename})
+
     def engine_inputs(self) -> list[TensorSpec]:
         """What the engine takes: `processing.engine_inputs`, else the client inputs."""
         if self.processing is not None and self.processing.engine_inputs is not None:
@@ -436,6 +459,9 @@ class ModelConfig(BaseModel):
         names = [s.name for s in self.inputs]
         if len(set(names)) != len(names):
             raise ValueError("input names must be unique")
+        labelled = [s.name for s in self.inputs if s.label_filename is not None]
+        if labelled:
+            raise ValueError(f"input(s) {labelled}: label_filename applies to outputs only")
         if self.fallback is not None and self.fallback.outputs is not None:
             known = {s.name for s in self.outputs}
             unknown = sorted(set(self.fallback.outputs) - known)

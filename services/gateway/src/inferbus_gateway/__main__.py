@@ -22,6 +22,7 @@ from inferbus_common.registrychannel import message_size_options
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission import Admission
 from inferbus_gateway.capture import PayloadCapture
+from inferbus_gateway.classification import Classifier
 from inferbus_gateway.dispatch import Dispatcher
 from inferbus_gateway.drift import DriftMonitor
 from inferbus_gateway.generation import GenerationDispatcher, GenerationService
@@ -126,9 +127,13 @@ async def serve(settings: GatewaySettings) -> None:
                     ("grpc.so_reuseport", 0),
                 ]
             )
+            classifier = Classifier(catalog, repository.read_file)
             add_servicer_to_server(
                 GRPCInferenceServicer(
-                    service, access_log=settings.access_log, repository=repository
+                    service,
+                    access_log=settings.access_log,
+                    repository=repository,
+                    classifier=classifier,
                 ),
                 server,
             )
@@ -150,6 +155,7 @@ async def serve(settings: GatewaySettings) -> None:
                             access_log=settings.access_log,
                             repository=repository,
                             generation=generation,
+                            classifier=classifier,
                         ),
                         http_sock,
                         tls_cert_file=settings.tls_cert_file,

@@ -32,6 +32,9 @@ class InferRequest:
     received_ns: int = 0
     """When the gateway took the request (unix ns): the model's batching delay counts
     from here (0: when `InferenceService.infer` starts)."""
+    classification: dict[str, int] = field(default_factory=dict)
+    """Output name → number of top classes to answer instead of the tensor
+    (Triton's classification extension, `inferbus_gateway.classification`)."""
 
 
 @dataclass(slots=True)

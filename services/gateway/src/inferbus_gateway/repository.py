@@ -40,6 +40,7 @@ from prometheus_client import Counter
 
 from inferbus_common.catalog import Catalog
 from inferbus_common.errors import (
+    FailedPrecondition,
     InferbusError,
     InvalidArgument,
     PermissionDenied,
@@ -162,7 +163,7 @@ class RepositoryExtension:
             self._stub = None
 
     # --- registry calls ---------------------------------------------------------
-    async def _call(self, what: str, request: Any) -> Any:
+    def _registry(self) -> registry_pb2_grpc.RegistryStub:
         if self._stub is None and self._registry_url:
             self._channel = registry_channel(self._registry_url, self._registry_token)
             self._stub = registry_pb2_grpc.RegistryStub(self._channel)
@@ -171,15 +172,48 @@ class RepositoryExtension:
                 "the model repository extension needs the registry's address: set "
                 "INFERBUS_GATEWAY_REGISTRY_URL (host:port of the registry's gRPC API)"
             )
+        return self._stub
+
+    def _failed(self, what: str, exc: grpc.aio.AioRpcError) -> Exception:
+        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return Unavailable(
+                f"the registry at {self._registry_url} did not answer {what} "
+                f"({exc.code().name}: {exc.details()}); retry when it is back"
+            )
+        return error_from_status(exc.code().name, exc.details() or exc.code().name)
+
+    async def _call(self, what: str, request: Any) -> Any:
+        stub = self._registry()
         try:
-            return await getattr(self._stub, what)(request, timeout=self._timeout_s)
+            return await getattr(stub, what)(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise Unavailable(
-                    f"the registry at {self._registry_url} did not answer {what} "
-                    f"({exc.code().name}: {exc.details()}); retry when it is back"
-                ) from None
-            raise error_from_status(exc.code().name, exc.details() or exc.code().name) from None
+            raise self._failed(what, exc) from None
+
+    async def read_file(
+        self, model: str, version: str, path: str, *, max_bytes: int = 16 << 20
+    ) -> bytes:
+        """A (small) file of a stored version, e.g. a labels file, from the registry.
+
+        Raises:
+            Unavailable: the registry did not answer.
+            FailedPrecondition: the file is larger than `max_bytes`.
+            InferbusError: the registry's refusal (NOT_FOUND ...).
+        """
+        stub = self._registry()
+        request = registry_pb2.DownloadFileRequest(model=model, version=version, path=path)
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in stub.DownloadFile(request, timeout=self._timeout_s):
+                size += len(chunk.data)
+                if size > max_bytes:
+                    raise FailedPrecondition(
+                        f"{model}/{version}/{path} is larger than {max_bytes} bytes"
+                    )
+                chunks.append(chunk.data)
+        except grpc.aio.AioRpcError as exc:
+            raise self._failed("DownloadFile", exc) from None
+        return b"".join(chunks)
 
     # --- the three operations ------------------------------------------------------
     async def index(

@@ -20,10 +20,12 @@ from inferbus_common.errors import (
     InferbusError,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     Unavailable,
 )
 from inferbus_common.modelconfig import TensorSpec
+from inferbus_common.modelstats import sum_stats
 from inferbus_common.subjects import Subjects
 from inferbus_common.validation import RequestChecker
 from inferbus_common.wire import FrameError, decode_tensors
@@ -33,6 +35,7 @@ from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.dispatch import Dispatcher
 from inferbus_gateway.idempotency import IdempotencyCache
 from inferbus_gateway.lazyload import LazyLoader
+from inferbus_gateway.triton import triton_config, triton_statistics
 
 REQUESTS = Counter(
     "inferbus_gateway_requests_total",
@@ -67,7 +70,14 @@ LATENCY = Histogram(
     ),
 )
 
-SERVER_EXTENSIONS = ["binary_tensor_data"]
+SERVER_EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_repository",
+    "model_configuration",
+    "statistics",
+]
+"""Triton protocol extensions this gateway speaks (server metadata lists them)."""
 _MAX_CHECKERS = 1024
 """Versions whose request checkers are kept (beyond it they start over)."""
 MAX_REQUEST_ID = 256
@@ -227,6 +237,61 @@ class InferenceService:
             "inputs": [_tensor_metadata(s) for s in cfg.inputs],
             "outputs": [_tensor_metadata(s) for s in cfg.outputs],
         }
+
+    def model_config(self, model: str, version: str = "") -> dict[str, object]:
+        """Triton's model configuration of a version, as JSON (`tritonconfig`).
+
+        Raises:
+            NotFound: unknown model or version.
+        """
+        return triton_config(model, self.resolve(model, version))
+
+    async def model_statistics(
+        self, headers: Mapping[str, str], model: str = "", version: str = ""
+    ) -> list[dict[str, object]]:
+        """Triton's statistics of a version, every version of a model, or every model.
+
+        Each entry sums what the live workers report for the version in their
+        heartbeats (`inferbus_common.modelstats`). Without a model name the
+        entries cover the versions in every route the caller may use.
+
+        Raises:
+            NotFound: unknown model or version.
+            Unauthenticated, PermissionDenied: the caller may not.
+        """
+        catalog = self._catalog
+        if model:
+            await self.authorize(headers, model)
+            if version:
+                dv = self.resolve(model, version)
+                keys = [(dv.model, dv.version)]
+            else:
+                route = catalog.routes.get(model)
+                keys = [(model, v) for v in (route.versions if route else [])]
+                keys = [k for k in keys if k in catalog.versions] or [
+                    (model, self.resolve(model).version)
+                ]
+        else:
+            names = sorted(catalog.routes)
+            if self._admission is not None:
+                principal = await self._admission.authenticator.authenticate(headers)
+                allowed = []
+                for name in names:
+                    try:
+                        await self._admission.authenticator.authorize(principal, name)
+                    except PermissionDenied:
+                        continue
+                    allowed.append(name)
+                names = allowed
+            keys = [
+                (name, v)
+                for name in names
+                for v in catalog.routes[name].versions
+                if (name, v) in catalog.versions
+            ]
+        return [
+            triton_statistics(m, v, sum_stats(catalog.version_stats(m, v))) for m, v in sorted(keys)
+        ]
 
     # --- inference -------------------------------------------------------------
     async def authorize(self, headers: Mapping[str, str], model: str) -> None:

@@ -122,3 +122,56 @@ def check_onnx(path: Path, config: ModelConfig) -> None:
                 f"the model's outputs are {sorted(graph_outputs)}"
             )
         _compare("output", spec, vi, model)
+
+
+def derive_config(path: Path, model: str) -> ModelConfig:
+    """A config for an ONNX file pushed without one (Triton's auto-complete).
+
+    Inputs are the graph inputs that are not initializers, outputs the graph
+    outputs, with their element types as V2 datatypes and their dimensions
+    (``-1`` for symbolic or unknown ones). When every input and output has a
+    symbolic first dimension the model batches along it: ``max_batch_size``
+    is the default (32) with dynamic batching's defaults; otherwise it is 0
+    and shapes are taken literally. Everything else gets its default.
+
+    Raises:
+        InvalidArgument: the file is not valid ONNX, or a tensor has no
+            element type inferbus knows or no rank (give a config.json then).
+    """
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError, ValueError, ... on garbage
+        raise InvalidArgument(f"{model}: {path.name} is not a valid ONNX model: {exc}") from exc
+    graph = proto.graph
+    initializers = {t.name for t in graph.initializer}
+    tensors: dict[str, list[dict[str, object]]] = {"inputs": [], "outputs": []}
+    for kind, infos in (
+        ("inputs", [vi for vi in graph.input if vi.name not in initializers]),
+        ("outputs", list(graph.output)),
+    ):
+        for vi in infos:
+            if not vi.type.HasField("tensor_type"):
+                raise InvalidArgument(
+                    f"{model}: ONNX {kind[:-1]} '{vi.name}' is not a tensor; push a config.json"
+                )
+            dtype, dims = _value_info_shape(vi)
+            if dtype not in ONNX_TO_V2.values():
+                raise InvalidArgument(
+                    f"{model}: ONNX {kind[:-1]} '{vi.name}' has element type {dtype}, which "
+                    "inferbus does not serve; push a config.json"
+                )
+            if dims is None:
+                raise InvalidArgument(
+                    f"{model}: ONNX {kind[:-1]} '{vi.name}' has no shape (rank unknown); push a "
+                    "config.json with its shape"
+                )
+            tensors[kind].append({"name": vi.name, "datatype": dtype, "shape": dims})
+    every = tensors["inputs"] + tensors["outputs"]
+    batched = bool(every) and all(t["shape"] and t["shape"][0] == -1 for t in every)
+    fields: dict[str, object] = {"name": model, "file": path.name, **tensors}
+    if not batched:
+        fields["max_batch_size"] = 0
+    try:
+        return ModelConfig.model_validate(fields)
+    except ValueError as exc:
+        raise InvalidArgument(f"{model}: cannot derive a config from {path.name}: {exc}") from exc

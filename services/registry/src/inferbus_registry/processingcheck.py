@@ -1,4 +1,4 @@
-"""Checking a version's pre/post-processing against the files it was pushed with.
+"""Checking a version's pre/post-processing and labels files against the files pushed.
 
 The config schema already checks that the steps are known and fit the
 model's tensors (`inferbus_common.modelconfig`); what it cannot see are the
@@ -92,3 +92,29 @@ def check_processing(
                     f"{model}: labels file {post.labels!r} has {count} labels but "
                     f"'{post.input}' has {n} classes; write one label per class, in order"
                 )
+
+
+def check_label_files(
+    config: ModelConfig, files: Collection[str], path_of: Callable[[str], Path]
+) -> None:
+    """Check the labels files the outputs name (``label_filename``, classification).
+
+    Args:
+        config: the version's parsed config.
+        files: paths of the pushed files, relative to the version directory.
+        path_of: where a pushed file lies on disk.
+
+    Raises:
+        InvalidArgument: a labels file was not pushed, is not UTF-8 text or is empty.
+    """
+    model = config.name or "model"
+    for spec in config.outputs:
+        rel = spec.label_filename
+        if rel is None:
+            continue
+        if rel not in files:
+            raise InvalidArgument(
+                f"{model}: output '{spec.name}' names labels file {rel!r} but the push did not "
+                f"send it (sent: {sorted(files)}); put it in the version directory"
+            )
+        _count_labels(path_of(rel), model, rel)

@@ -37,8 +37,8 @@ from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.signing import ALGORITHM, sign, signed_payload
 from inferbus_registry import naming
-from inferbus_registry.onnxcheck import check_onnx
-from inferbus_registry.processingcheck import check_processing
+from inferbus_registry.onnxcheck import check_onnx, derive_config
+from inferbus_registry.processingcheck import check_label_files, check_processing
 from inferbus_registry.profilecheck import PROFILE_FILE, check_profile
 from inferbus_registry.store import Store
 
@@ -653,8 +653,10 @@ class ModelRepository:
         naming.check_version(version)
         for alias in aliases:
             naming.check_alias(alias)
-        config = parse_config(config_json, model)
-        stored_config = canonical_config_json(config)
+        # No config.json: derived from the ONNX file once it has arrived (Triton's
+        # auto-complete); parsed first otherwise, so a bad one fails before the upload.
+        derive = not config_json.strip()
+        config = None if derive else parse_config(config_json, model)
 
         tmp = Path(
             await asyncio.to_thread(tempfile.mkdtemp, prefix="inferbus-push-", dir=self._spool_dir)
@@ -668,6 +670,15 @@ class ModelRepository:
                 files = await asyncio.to_thread(spool.finish)
             finally:
                 spool.abort()
+            if config is None:
+                onnx_files = [f for f in files if f.endswith(".onnx")]
+                if len(onnx_files) != 1:
+                    raise InvalidArgument(
+                        f"{model}: config.json is missing from the push and there is no single "
+                        f".onnx file to derive it from (sent: {sorted(files)})"
+                    )
+                config = await asyncio.to_thread(derive_config, spool.path(onnx_files[0]), model)
+            stored_config = canonical_config_json(config)
             if config.file not in files:
                 raise InvalidArgument(
                     f"{model}: config.json names file {config.file!r} but the push sent "
@@ -678,6 +689,8 @@ class ModelRepository:
                 await asyncio.to_thread(check_onnx, spool.path(config.file), config.engine_view())
             if config.processing is not None:
                 await asyncio.to_thread(check_processing, config, files, spool.path)
+            if config.label_files():
+                await asyncio.to_thread(check_label_files, config, files, spool.path)
             if PROFILE_FILE in files:
                 await asyncio.to_thread(check_profile, spool.path(PROFILE_FILE), config, model)
             files[CONFIG_FILE] = FileInfo(

@@ -4,7 +4,9 @@ Both workers (the tensor `Worker` and the `LlmWorker`) report the same way:
 
 * a `WorkerStatus` with the versions' states, host and pid, the resources the
   process can use (`HostSpec`: CPUs, memory, GPU type and count) and the time
-  it joined, written every ``interval_s`` and at once when something changes;
+  it joined, and (tensor workers) each served version's cumulative inference
+  statistics (`inferbus_worker.stats`), written every ``interval_s`` and at
+  once when something changes;
 * pool admission: the pool's quota (``max_workers``/``max_gpus``) admits the
   oldest live members first; a worker over it reports ``admitted: false`` with
   the reason and serves nothing until a place frees up.
@@ -27,6 +29,7 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 
 from inferbus_common.catalog import Catalog, WorkerStatus, pool_admission
+from inferbus_common.modelstats import ModelStats
 from inferbus_common.subjects import subject_token
 from inferbus_worker.hostspec import HostSpec
 from inferbus_worker.hostspec import detect as detect_spec
@@ -62,6 +65,8 @@ class Heartbeat:
         pool: the pool it serves.
         states: the versions' states now (``(model, version) -> state``).
         interval_s: how often the record is written when nothing changes.
+        stats: the served versions' cumulative statistics now (``"model/version"``
+            → `ModelStats`; None: the record carries none).
 
     Attributes:
         spec: what the process can use (`detect` fills it at start).
@@ -77,8 +82,10 @@ class Heartbeat:
         states: Callable[[], Mapping[VersionKey, str]],
         *,
         interval_s: float,
+        stats: Callable[[], dict[str, ModelStats]] | None = None,
     ) -> None:
         self.instance_id = instance_id
+        self._stats = stats
         self.pool = pool
         self._states = states
         self._interval_s = interval_s
@@ -112,6 +119,7 @@ class Heartbeat:
             joined_unix_ms=self.joined_unix_ms,
             admitted=not self.admission,
             reason=self.admission,
+            stats=self._stats() if self._stats is not None else {},
         )
 
     def update_admission(self, catalog: Catalog) -> bool:

@@ -17,9 +17,13 @@ Per micro-batch:
    flush round trip between them), so the server sees the ack only after the
    replies; a worker dying before the ack gets the batch redelivered
    (at-least-once inside, the gateway keeps the first answer);
-5. inputs the engine rejects are answered ``INVALID_ARGUMENT`` and the batch
-   is terminated; other engine failures are retried with ``nak(delay)`` until
-   the last delivery, which is answered ``INTERNAL`` and terminated.
+5. inputs the engine rejects are answered ``INVALID_ARGUMENT``, failures
+   the engine knows will recur for the same inputs (`PermanentEngineError`:
+   a broken model) ``INTERNAL``, both at once and the batch terminated
+   (when it holds several requests, each runs alone first,
+   `inferbus_worker.isolation`: only the ones that fail alone fail); other
+   engine failures are retried with ``nak(delay)`` until the last delivery,
+   which is answered ``INTERNAL`` and terminated.
 
 Merging: when a fetched micro-batch says more are waiting for the consumer
 (JetStream's ``num_pending``), the runner takes those at once (a no-wait
@@ -80,7 +84,14 @@ from inferbus_common.wire import (
     join_tensors,
 )
 from inferbus_worker import metrics
-from inferbus_worker.engines import Engine, EngineError, EngineInputError, TensorRTEngine
+from inferbus_worker.engines import (
+    Engine,
+    EngineError,
+    EngineInputError,
+    PermanentEngineError,
+    TensorRTEngine,
+)
+from inferbus_worker.isolation import run_alone
 from inferbus_worker.microbatch import (
     BatchReplies,
     LiveRequest,
@@ -92,6 +103,7 @@ from inferbus_worker.microbatch import (
 from inferbus_worker.processing import Processing
 from inferbus_worker.pull import ConsumerGone, PullConsumer
 from inferbus_worker.settings import WorkerSettings
+from inferbus_worker.stats import VersionCounters
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +233,8 @@ class ModelRunner:
             # The engine is asked for its own outputs; post-processing makes the client's.
             self._outputs = list(processing.engine_outputs)
         self._labels = {"model": deployed.model, "version": deployed.version}
+        self.stats = VersionCounters()
+        """Cumulative statistics, reported in the heartbeat (Triton's statistics)."""
         self._children: dict[tuple[object, ...], Any] = {}
         self._log_extra = {"model": deployed.model, "version": deployed.version}
         self._idle_subject = subjects.idle(settings.pool, deployed.model, deployed.version)
@@ -537,6 +551,7 @@ class ModelRunner:
         await outbox.send(self._nc)
         for status, n in outbox.counts.items():
             self._metric(metrics.REPLIES, status=status).inc(n)
+        self.stats.failed(len(outbox) - outbox.counts.get("OK", 0))
 
     async def _fail_all(self, entries: list[BatchEntry], code: StatusCode, message: str) -> None:
         outbox = Outbox(self._reply_ctx)
@@ -584,12 +599,25 @@ class ModelRunner:
         t0 = time.monotonic()
         try:
             outputs = await self._compute(msgs, inputs, sum(r.entry.rows for r in requests))
-        except EngineInputError as exc:
+        except (EngineInputError, PermanentEngineError) as exc:
             if split_on_reject:
                 # Expired requests may be answered twice then; the gateway keeps the first.
                 return False
-            await self._poison(msgs, live_entries, StatusCode.INVALID_ARGUMENT, exc.message)
-            return True
+            if len(requests) < 2 or self._config.max_batch_size <= 0:
+                code = (
+                    StatusCode.INVALID_ARGUMENT
+                    if isinstance(exc, EngineInputError)
+                    else StatusCode.INTERNAL
+                )
+                await self._poison(msgs, live_entries, code, exc.message)
+                return True
+            # One request's rows are usually at fault: answer the others as usual.
+            outputs, requests = await self._run_alone(inputs, requests)
+            if not requests:
+                for msg in msgs:
+                    await msg.term()
+                metrics.BATCHES.labels(**self._labels, outcome="invalid").inc(len(msgs))
+                return True
         except EngineError as exc:
             if delivered < self._settings.max_deliver:
                 log.warning(
@@ -610,6 +638,7 @@ class ModelRunner:
         rows = sum(r.entry.rows for r in requests)
         self._observe(requests, rows, start_ns, compute_s)
         await self._answer(requests, outputs, rows, start_ns, compute_s, stages=stages)
+        self.stats.executed(requests, start_ns, compute_s, stages, time.monotonic() - t0)
         for msg in msgs:
             await msg.ack()
         self._metric(metrics.BATCHES, outcome="ok").inc(len(msgs))
@@ -641,6 +670,24 @@ class ModelRunner:
         )
         self._inline.observe(rows, seconds)
         return outputs
+
+    async def _run_alone(
+        self, inputs: dict[str, np.ndarray], requests: list[LiveRequest]
+    ) -> tuple[dict[str, np.ndarray], list[LiveRequest]]:
+        """After the engine refused the batch: each request alone (`isolation.run_alone`).
+
+        Answers the requests that fail alone; returns the outputs and requests
+        of those that computed.
+        """
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(
+            self._pool, run_alone, self._engine, inputs, requests, self._outputs
+        )
+        outbox = Outbox(self._reply_ctx)
+        for r, code, message in result.rejected:
+            outbox.error(r.entry, code, message)
+        await self._send(outbox)
+        return result.outputs, result.requests
 
     async def _preprocess(
         self,

@@ -99,6 +99,7 @@ class Worker:
             settings.pool,
             lambda: self.states,
             interval_s=settings.heartbeat_s,
+            stats=lambda: {f"{m}/{v}": r.stats.snapshot() for (m, v), r in self.runners.items()},
         )
         """Status record, host spec and pool admission (shared with the LLM worker)."""
         self._lazy_requested: set[VersionKey] = set()

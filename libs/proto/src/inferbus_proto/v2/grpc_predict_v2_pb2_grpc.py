@@ -64,6 +64,16 @@ class GRPCInferenceServiceStub:
                 request_serializer=inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
+        self.ModelConfig = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelConfig',
+                request_serializer=inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelConfigResponse.FromString,
+                _registered_method=True)
+        self.ModelStatistics = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelStatistics',
+                request_serializer=inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.SerializeToString,
+                response_deserializer=inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.FromString,
+                _registered_method=True)
         self.RepositoryIndex = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryIndex',
                 request_serializer=inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.RepositoryIndexRequest.SerializeToString,
@@ -126,6 +136,22 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelConfig(self, request, context):
+        """Triton's model configuration and statistics extensions (names and field
+        numbers as Triton's grpc_service.proto and model_config.proto, so
+        tritonclient's get_model_config / get_inference_statistics and
+        perf_analyzer work unchanged).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ModelStatistics(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RepositoryIndex(self, request, context):
         """Triton's model repository extension (names and field numbers as Triton's
         grpc_service.proto, so tritonclient's get_model_repository_index,
@@ -179,6 +205,16 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelInfer,
                     request_deserializer=inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelInferRequest.FromString,
                     response_serializer=inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelInferResponse.SerializeToString,
+            ),
+            'ModelConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelConfig,
+                    request_deserializer=inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelConfigRequest.FromString,
+                    response_serializer=inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelConfigResponse.SerializeToString,
+            ),
+            'ModelStatistics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelStatistics,
+                    request_deserializer=inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.FromString,
+                    response_serializer=inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.SerializeToString,
             ),
             'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryIndex,
@@ -358,6 +394,60 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelInfer',
             inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelInferRequest.SerializeToString,
             inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelConfig',
+            inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelConfigRequest.SerializeToString,
+            inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStatistics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelStatistics',
+            inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelStatisticsRequest.SerializeToString,
+            inferbus__proto_dot_v2_dot_grpc__predict__v2__pb2.ModelStatisticsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,6 +13,7 @@ from inferbus_common.codec import Tensor, element_count, serialize_bytes
 from inferbus_common.datatypes import ALL_DATATYPES, BYTES, numpy_dtype
 from inferbus_common.errors import InvalidArgument
 from inferbus_gateway.canonical import InferRequest, InferResponse
+from inferbus_gateway.classification import class_count
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 
 #: V2 datatype → the `InferTensorContents` field that carries it (FP16 has none).
@@ -43,6 +44,12 @@ def _typed_to_raw(t: pb.ModelInferRequest.InferInputTensor, shape: tuple[int, ..
         raise InvalidArgument(
             f"input '{t.name}': {t.datatype} has no typed contents field; send it in "
             "raw_input_contents"
+        )
+    others = [f.name for f, v in t.contents.ListFields() if f.name != field and len(v) > 0]
+    if others:
+        raise InvalidArgument(
+            f"input '{t.name}': {t.datatype} values go in contents.{field}; "
+            f"contents.{', contents.'.join(others)} must be empty"
         )
     values = getattr(t.contents, field)
     count = element_count(shape)
@@ -90,13 +97,25 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
     priority = 0
     timeout_override = timeout_s
     for key, value in req.parameters.items():
+        if key not in ("priority", "timeout"):
+            continue
         v = _param_value(value)
-        if key == "priority" and isinstance(v, int):
-            priority = int(v)
-        elif key == "timeout" and isinstance(v, int) and v > 0:
+        if type(v) is not int or v < 0:
+            raise InvalidArgument(
+                f"parameter '{key}' must be a non-negative int64_param or uint64_param, "
+                f"got {value.WhichOneof('parameter_choice') or 'nothing'} {v!r}"
+            )
+        if key == "priority":
+            priority = v
+        elif v > 0:
             # Triton's convention: the request parameter "timeout" is in microseconds.
             t = v / 1e6
             timeout_override = t if timeout_override is None else min(t, timeout_override)
+    classification = {
+        o.name: class_count(_param_value(o.parameters["classification"]), o.name)
+        for o in req.outputs
+        if "classification" in o.parameters
+    }
     return InferRequest(
         model=req.model_name,
         version=req.model_version,
@@ -105,6 +124,7 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
         outputs=[o.name for o in req.outputs],
         priority=priority,
         timeout_s=timeout_override,
+        classification=classification,
     )
 
 

@@ -10,11 +10,14 @@ import grpc
 
 from inferbus_common.errors import InferbusError, ResourceExhausted, Unavailable, status_of
 from inferbus_gateway.access import RequestScope
+from inferbus_gateway.classification import Classifier
 from inferbus_gateway.grpc_api.converters import request_from_proto, response_to_proto
 from inferbus_gateway.repository import RepositoryExtension
 from inferbus_gateway.service import InferenceService
+from inferbus_gateway.triton import to_proto
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 from inferbus_proto.v2 import grpc_predict_v2_pb2_grpc as pb_grpc
+from inferbus_proto.v2 import model_config_pb2 as mc
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,10 +57,12 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         *,
         access_log: bool = True,
         repository: RepositoryExtension | None = None,
+        classifier: Classifier | None = None,
     ) -> None:
         self._service = service
         self._access_log = access_log
         self._repository = repository
+        self._classifier = classifier
 
     # --- Triton's model repository extension (inferbus_gateway.repository) ----------
     def _repo(self) -> RepositoryExtension:
@@ -142,6 +147,27 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         return await _guard(context, run)
 
+    async def ModelConfig(self, request, context):
+        """Triton's model configuration of a model (version)."""
+
+        async def run() -> pb.ModelConfigResponse:
+            await self._service.authorize(_metadata(context), request.name)
+            doc = self._service.model_config(request.name, request.version)
+            return pb.ModelConfigResponse(config=to_proto(doc, mc.ModelConfig()))
+
+        return await _guard(context, run)
+
+    async def ModelStatistics(self, request, context):
+        """Triton's statistics of a version, a model's versions, or every model."""
+
+        async def run() -> pb.ModelStatisticsResponse:
+            entries = await self._service.model_statistics(
+                _metadata(context), request.name, request.version
+            )
+            return to_proto({"model_stats": entries}, pb.ModelStatisticsResponse())
+
+        return await _guard(context, run)
+
     async def ModelInfer(self, request, context):
         """Run one inference request."""
 
@@ -156,6 +182,12 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 scope.request = canonical
                 response = await self._service.infer(canonical, "grpc", headers)
                 scope.response = response
+                if canonical.classification:
+                    if self._classifier is None:
+                        raise Unavailable(
+                            "the classification extension needs the registry (labels files)"
+                        )
+                    await self._classifier.apply(canonical, response)
             if response.degraded:
                 context.set_trailing_metadata((("x-inferbus-degraded", response.degraded),))
             return response_to_proto(response)

@@ -24,8 +24,40 @@ from inferbus_common.codec import (
 from inferbus_common.datatypes import ALL_DATATYPES, BYTES, numpy_dtype
 from inferbus_common.errors import InvalidArgument
 from inferbus_gateway.canonical import InferRequest, InferResponse
+from inferbus_gateway.classification import class_count
 
 HEADER_LENGTH = "inference-header-content-length"
+
+
+_JSON_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    **{t: ((int, float), "numbers") for t in ("FP16", "FP32", "FP64")},
+    **{
+        t: ((int,), "integers")
+        for t in ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
+    },
+    "BOOL": ((bool,), "true/false"),
+}
+"""Numeric datatype → the JSON value types its ``data`` may hold, and their name.
+
+Triton's rules: a JSON number for floating point (no ``"NaN"`` strings, no
+``true``), an integer for integer types, ``true``/``false`` for BOOL. Checked
+by exact type, so ``true`` (a Python bool, a subclass of int) is no number."""
+
+
+def _check_json_values(name: str, datatype: str, data: Any) -> None:
+    """Refuse ``data`` elements of the wrong JSON type for a numeric datatype."""
+    allowed, what = _JSON_KINDS[datatype]
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if type(item) is list:
+            stack.extend(item)
+        elif type(item) not in allowed:
+            shown = repr(item)
+            raise InvalidArgument(
+                f"input '{name}': {datatype} data must be JSON {what}, got "
+                f"{shown if len(shown) <= 40 else shown[:37] + '...'}"
+            )
 
 
 def _json_data_to_raw(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> bytes:
@@ -42,15 +74,33 @@ def _json_data_to_raw(name: str, datatype: str, shape: tuple[int, ...], data: An
         except (ValueError, TypeError, OverflowError) as exc:
             # Ragged lists, or elements that are neither strings nor bytes.
             raise InvalidArgument(f"input '{name}': data is not a list of BYTES: {exc}") from None
+    _check_json_values(name, datatype, data)
     try:
-        arr = np.asarray(data, dtype=numpy_dtype(datatype))
-    except (ValueError, TypeError, OverflowError) as exc:
+        with np.errstate(over="raise", invalid="raise"):
+            arr = np.asarray(data, dtype=numpy_dtype(datatype))
+    except (ValueError, TypeError, OverflowError, FloatingPointError) as exc:
         raise InvalidArgument(f"input '{name}': data is not a list of {datatype}: {exc}") from None
     if arr.size != count:
         raise InvalidArgument(
             f"input '{name}': {arr.size} values in data but shape {list(shape)} needs {count}"
         )
     return arr.tobytes()
+
+
+def _int_parameter(params: dict[str, Any], key: str) -> int:
+    """A request parameter that must be a non-negative JSON integer (0 when absent).
+
+    Raises:
+        InvalidArgument: it is there but not such an integer.
+    """
+    value = params.get(key, 0)
+    if type(value) is not int or value < 0:
+        raise InvalidArgument(
+            f"parameters.{key} must be a non-negative integer"
+            + (" (microseconds)" if key == "timeout" else "")
+            + f", got {value!r}"
+        )
+    return value
 
 
 def request_from_http(
@@ -104,6 +154,10 @@ def request_from_http(
         params = item.get("parameters") or {}
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         if size is not None:
+            if "data" in item:
+                raise InvalidArgument(
+                    f"input '{name}': give either 'data' or parameters.binary_data_size, not both"
+                )
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
                 raise InvalidArgument(
                     f"input '{name}': binary_data_size {size} does not fit the "
@@ -126,6 +180,7 @@ def request_from_http(
         raise InvalidArgument("'parameters' must be a JSON object")
     binary_all = bool(req_params.get("binary_data_output", False))
     outputs, binary_outputs = [], set()
+    classification: dict[str, int] = {}
     requested = doc.get("outputs") or []
     if not isinstance(requested, list):
         raise InvalidArgument("'outputs' must be a list of objects with a 'name'")
@@ -136,9 +191,11 @@ def request_from_http(
         op = out.get("parameters") or {}
         if isinstance(op, dict) and op.get("binary_data"):
             binary_outputs.add(out["name"])
-    priority = req_params.get("priority", 0)
-    timeout_param = req_params.get("timeout")
-    if isinstance(timeout_param, int) and timeout_param > 0:
+        if isinstance(op, dict) and "classification" in op:
+            classification[out["name"]] = class_count(op["classification"], out["name"])
+    priority = _int_parameter(req_params, "priority")
+    timeout_param = _int_parameter(req_params, "timeout")
+    if timeout_param > 0:
         t = timeout_param / 1e6  # Triton: microseconds
         timeout_s = t if timeout_s is None else min(t, timeout_s)
     request_id = doc.get("id", "")
@@ -150,8 +207,9 @@ def request_from_http(
         id=request_id,
         inputs=tensors,
         outputs=outputs,
-        priority=priority if isinstance(priority, int) else 0,
+        priority=priority,
         timeout_s=timeout_s,
+        classification=classification,
     )
     return req, binary_outputs, binary_all
 

@@ -9,6 +9,7 @@ from inferbus_worker.engines.base import (
     Engine,
     EngineError,
     EngineInputError,
+    PermanentEngineError,
     warmup_batch_sizes,
 )
 from inferbus_worker.engines.onnx import OnnxRuntimeEngine, choose_providers
@@ -19,6 +20,7 @@ __all__ = [
     "EngineError",
     "EngineInputError",
     "OnnxRuntimeEngine",
+    "PermanentEngineError",
     "TensorRTEngine",
     "build_engine",
     "choose_providers",

@@ -15,6 +15,12 @@ class EngineError(Internal):
     """The engine failed for a reason that is not the input's fault."""
 
 
+class PermanentEngineError(EngineError):
+    """The engine failed in a way that will recur for the same inputs, on any worker
+    (a kernel failing on its data), and not through the input's fault: answered
+    INTERNAL at once, never retried."""
+
+
 class EngineInputError(InvalidArgument):
     """The engine rejected the inputs (shape, type, names): retrying cannot help."""
 
@@ -46,9 +52,16 @@ class Engine(Protocol):
     ) -> dict[str, np.ndarray]:
         """Compute `output_names` from `inputs` (batch axis 0).
 
+        BYTES tensors are object arrays of ``bytes`` both ways (inputs may
+        also hold ``str``); an engine whose library wants another form
+        converts inside `run`.
+
         Raises:
-            EngineInputError: the engine refused these inputs.
-            EngineError: the engine failed otherwise.
+            EngineInputError: the engine refused these inputs, or failed on
+                them through their fault (a string that does not parse).
+            PermanentEngineError: it failed on them in a way that will recur,
+                not through their fault (a broken model): retrying cannot help.
+            EngineError: the engine failed otherwise (a retry may pass).
         """
         ...
 

@@ -1,8 +1,17 @@
-"""ONNX Runtime engine: CPU, CUDA or TensorRT execution providers."""
+"""ONNX Runtime engine: CPU, CUDA or TensorRT execution providers.
+
+BYTES tensors are object arrays of ``bytes`` everywhere else in the worker;
+ONNX Runtime's Python API wants ``str`` for string tensors (it turns any
+other object into its ``repr``, so ``b"hi"`` would reach the model as the
+text ``"b'hi'"``) and gives ``str`` back. The engine decodes string inputs as
+UTF-8 (refusing bytes that are not) and encodes string outputs back, so the
+rest of the worker only ever sees bytes.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from inferbus_common.modelconfig import EngineConfig
-from inferbus_worker.engines.base import EngineError, EngineInputError
+from inferbus_worker.engines.base import EngineError, EngineInputError, PermanentEngineError
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +93,8 @@ class OnnxRuntimeEngine:
         self._session: Any = None
         self._providers: list[str] = []
         self._input_errors: tuple[type[BaseException], ...] = ()
+        self._string_inputs: frozenset[str] = frozenset()
+        self._string_outputs: frozenset[str] = frozenset()
 
     @property
     def description(self) -> str:
@@ -119,9 +130,27 @@ class OnnxRuntimeEngine:
         except Exception as exc:
             raise EngineError(f"cannot load {self._path.name}: {exc}") from exc
         self._providers = self._session.get_providers()
+        self._string_inputs = frozenset(
+            m.name for m in self._session.get_inputs() if m.type == _ORT_STRING
+        )
+        self._string_outputs = frozenset(
+            m.name for m in self._session.get_outputs() if m.type == _ORT_STRING
+        )
 
     def warmup(self, batch_sizes: Sequence[int]) -> None:
-        """Run zeros through the model once per batch size."""
+        """Run zeros through the model once per batch size.
+
+        String inputs get ``"0"``: text that also parses as a number, so a
+        model that casts or parses its strings accepts it (an empty string
+        does not parse). A model with string inputs that still refuses it
+        (it wants some other format) is not warmed up: warm-up only spares
+        the first requests some latency, and such a model serves well-formed
+        requests fine. A model without string inputs that fails warm-up is
+        broken, and loading it fails.
+
+        Raises:
+            EngineError: the model failed on zeros and has no string inputs.
+        """
         for batch in batch_sizes:
             feeds = {}
             for meta in self._session.get_inputs():
@@ -131,9 +160,21 @@ class OnnxRuntimeEngine:
                 dtype = _ORT_NUMPY.get(meta.type, np.float32)
                 arr = np.zeros(shape, dtype=dtype)
                 if dtype is np.object_:
-                    arr.fill("")
+                    arr.fill("0")
                 feeds[meta.name] = arr
-            self._session.run(None, feeds)
+            try:
+                self._session.run(None, feeds)
+            # ORT raises its own exception classes (CancelledError is no Exception).
+            except Exception as exc:
+                if not self._string_inputs:
+                    raise EngineError(f"warm-up failed on zeros: {exc}") from exc
+                log.warning(
+                    "%s: warm-up with '0' for its string inputs failed, serving without "
+                    "warm-up: %s",
+                    self._path.name,
+                    " ".join(str(exc).split())[:300],
+                )
+                return
 
     def run(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
@@ -142,18 +183,125 @@ class OnnxRuntimeEngine:
         session = self._session
         if session is None:
             raise EngineError("engine is not loaded")
+        feeds = dict(inputs)
+        for name in self._string_inputs.intersection(feeds):
+            feeds[name] = texts_for_ort(name, feeds[name])
         try:
-            results = session.run(list(output_names), dict(inputs))
+            results = session.run(list(output_names), feeds)
         except self._input_errors as exc:
-            raise EngineInputError(f"model rejected the inputs: {exc}") from exc
+            raise EngineInputError(f"model rejected the inputs: {_one_line(exc)}") from exc
         # ORT's Fail/RuntimeException and the like (CancelledError is no Exception).
         except Exception as exc:
-            raise EngineError(f"inference failed: {exc}") from exc
-        return dict(zip(output_names, results, strict=True))
+            if permanent_failure(exc):
+                if input_fault(exc):
+                    raise EngineInputError(
+                        f"the model cannot compute these inputs: {_one_line(exc)}"
+                    ) from exc
+                raise PermanentEngineError(
+                    f"the model fails on these inputs (on every retry): {_one_line(exc)}"
+                ) from exc
+            raise EngineError(f"inference failed: {_one_line(exc)}") from exc
+        out = dict(zip(output_names, results, strict=True))
+        for name in self._string_outputs.intersection(out):
+            out[name] = bytes_from_ort(out[name])
+        return out
 
     def close(self) -> None:
         """Drop the session (ONNX Runtime frees its memory with it)."""
         self._session = None
+
+
+_ORT_STRING = "tensor(string)"
+
+_DEVICE_MARKERS = ("alloc", "memory", "cuda", "cudnn", "cublas", "tensorrt", "device", "gpu")
+"""Words in an ONNX Runtime error that point at the device, not at the input."""
+
+
+def permanent_failure(exc: BaseException) -> bool:
+    """Whether an ONNX Runtime run failure will happen again for the same inputs.
+
+    A kernel that fails on its data (a string that does not parse as a
+    number, an index out of range) reports "Non-zero status code returned
+    while running <op> node" and fails the same way every time, on any
+    worker; retrying only delays the answer. Failures that mention memory or
+    the device (an allocation, CUDA, TensorRT) may pass on a retry.
+    """
+    text = str(exc)
+    if "while running" not in text:
+        return False
+    lowered = text.lower()
+    return not any(marker in lowered for marker in _DEVICE_MARKERS)
+
+
+_INPUT_FAULT = re.compile(
+    r"\bsto(?:i|l|ll|ul|ull|f|d|ld)\b|out of (?:data )?bounds|out of range", re.IGNORECASE
+)
+"""What a kernel failing on its input's values says: a string that does not parse as
+a number (C++ ``std::stoll`` and kin, as string Casts report it), an index outside
+the data (Gather, embedding lookups)."""
+
+
+def input_fault(exc: BaseException) -> bool:
+    """Whether a permanent run failure is the input's fault (else the model's).
+
+    Only failures that name a value the input brought count: a text that is
+    no number, an index out of range. Anything else (a Reshape that cannot
+    hold the batch, an op the graph misuses) is the model's fault: the
+    client cannot fix it, and a rollout must see it as the model failing.
+    """
+    return _INPUT_FAULT.search(str(exc)) is not None
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's text on one line (reply headers hold no line breaks)."""
+    return " ".join(str(exc).split())
+
+
+def texts_for_ort(name: str, values: np.ndarray) -> np.ndarray:
+    """A BYTES tensor as ONNX Runtime takes string tensors: an object array of `str`.
+
+    ``bytes`` elements are decoded as UTF-8 (ONNX strings are text);
+    ``str`` (and ``np.str_``) elements pass as they are.
+
+    Raises:
+        EngineInputError: an element is not valid UTF-8 (naming its flat index).
+    """
+    flat = values.reshape(-1)
+    try:
+        texts = [v.decode("utf-8") if isinstance(v, bytes) else _text(v) for v in flat]
+    except UnicodeDecodeError as exc:
+        bad = next(i for i, v in enumerate(flat) if not _decodes(v))
+        raise EngineInputError(
+            f"input '{name}' element {bad} is not UTF-8 text ({exc.reason} at byte "
+            f"{exc.start}); the model's string inputs take UTF-8"
+        ) from None
+    out = np.empty(len(texts), dtype=object)
+    out[:] = texts
+    return out.reshape(values.shape)
+
+
+def _text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8")
+    return str(value)
+
+
+def _decodes(value: object) -> bool:
+    try:
+        _text(value)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def bytes_from_ort(values: np.ndarray) -> np.ndarray:
+    """A string tensor from ONNX Runtime (``str`` elements) as an object array of UTF-8 bytes."""
+    flat = values.reshape(-1)
+    out = np.empty(flat.size, dtype=object)
+    out[:] = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in flat]
+    return out.reshape(values.shape)
 
 
 _ORT_NUMPY: dict[str, Any] = {

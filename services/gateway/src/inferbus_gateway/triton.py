@@ -1,0 +1,169 @@
+"""Documents of Triton's model configuration and statistics extensions.
+
+`triton_config`: a version's `config.json` in the shape of Triton's model
+configuration (gRPC ``ModelConfig``, REST ``GET
+/v2/models/{m}[/versions/{v}]/config``), so Triton's tools read it:
+`tritonclient`'s ``get_model_config`` and perf_analyzer, which sizes its
+requests from ``max_batch_size`` and the inputs' ``dims``.
+
+`triton_statistics`: one version's summed worker statistics
+(`inferbus_common.modelstats`) as an entry of Triton's ``model_stats``
+(gRPC ``ModelStatistics``, REST ``/v2/models[/{m}[/versions/{v}]]/stats``).
+
+Both are built in their JSON form (Triton's HTTP answers: proto field names,
+enum names, integers as JSON numbers); `to_proto` turns one into the gRPC
+message, so both protocols say the same. The mapping is in
+docs/architecture.md ("Triton's protocol extensions").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from inferbus_common.catalog import DeployedVersion
+from inferbus_common.datatypes import V2_TO_CONFIG
+from inferbus_common.modelconfig import ModelConfig, TensorSpec
+from inferbus_common.modelstats import Duration, ModelStats
+
+_BACKENDS = {"onnxruntime": "onnxruntime", "tensorrt": "tensorrt", "vllm": "vllm"}
+"""`EngineConfig.kind` → Triton backend name."""
+
+_GPU_PROVIDERS = frozenset({"cuda", "tensorrt"})
+
+
+def _dims(spec: TensorSpec, batched: bool) -> list[int]:
+    """Triton's ``dims``: the shape without the batch axis when the model batches."""
+    return list(spec.shape[1:] if batched else spec.shape)
+
+
+def _input(spec: TensorSpec, batched: bool) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "data_type": V2_TO_CONFIG[spec.datatype],
+        "format": "FORMAT_NONE",
+        "dims": _dims(spec, batched),
+        "is_shape_tensor": False,
+        "allow_ragged_batch": False,
+        "optional": False,
+    }
+
+
+def _output(spec: TensorSpec, batched: bool, label_filename: str) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "data_type": V2_TO_CONFIG[spec.datatype],
+        "dims": _dims(spec, batched),
+        "label_filename": label_filename,
+        "is_shape_tensor": False,
+    }
+
+
+def _instance_kind(config: ModelConfig) -> str:
+    if config.engine.kind == "tensorrt" or config.engine.providers[0] in _GPU_PROVIDERS:
+        return "KIND_GPU"
+    return "KIND_CPU"
+
+
+def _dynamic_batching(config: ModelConfig) -> dict[str, Any]:
+    b = config.batching
+    return {
+        "preferred_batch_size": list(b.preferred_batch_sizes),
+        "max_queue_delay_microseconds": b.max_queue_delay_us,
+        "preserve_ordering": False,
+        "priority_levels": b.priority_levels if b.priority_levels > 1 else 0,
+        "default_priority_level": b.default_priority if b.priority_levels > 1 else 0,
+        "default_queue_policy": {
+            "timeout_action": "REJECT",
+            "default_timeout_microseconds": b.default_timeout_ms * 1000,
+            "allow_timeout_override": True,
+            "max_queue_size": b.max_queue_size,
+        },
+    }
+
+
+def triton_config(name: str, dv: DeployedVersion) -> dict[str, Any]:
+    """The Triton-shaped configuration of a deployed version, as JSON.
+
+    Args:
+        name: the model name the client asked for.
+        dv: the version.
+
+    The tensors are the ones clients send and get (with pre/post-processing,
+    not the engine's). ``instance_group.count`` is per worker: each worker of
+    the version's pool runs that many executions at once.
+    """
+    config = dv.config
+    batched = config.max_batch_size > 0
+    doc: dict[str, Any] = {
+        "name": name,
+        "platform": config.platform,
+        "backend": _BACKENDS[config.engine.kind],
+        "max_batch_size": config.max_batch_size,
+        "input": [_input(s, batched) for s in config.inputs],
+        "output": [_output(s, batched, s.label_filename or "") for s in config.outputs],
+        "instance_group": [
+            {
+                "name": f"{name}_0",
+                "kind": _instance_kind(config),
+                "count": config.instance_count,
+                "gpus": [],
+                "profile": [],
+                "passive": False,
+                "host_policy": "",
+            }
+        ],
+        "default_model_filename": config.file,
+        "parameters": {
+            "inferbus_version": {"string_value": dv.version},
+            "inferbus_pool": {"string_value": config.pool},
+            "inferbus_digest": {"string_value": dv.digest},
+        },
+        "model_transaction_policy": {"decoupled": config.generative},
+    }
+    if batched:
+        doc["dynamic_batching"] = _dynamic_batching(config)
+    return doc
+
+
+def _duration(d: Duration) -> dict[str, int]:
+    return {"count": d.count, "ns": d.ns}
+
+
+def triton_statistics(name: str, version: str, stats: ModelStats) -> dict[str, Any]:
+    """One entry of Triton's ``model_stats`` from a version's (summed) statistics."""
+    return {
+        "name": name,
+        "version": version,
+        "last_inference": stats.last_inference_ms,
+        "inference_count": stats.inference_count,
+        "execution_count": stats.execution_count,
+        "inference_stats": {
+            "success": _duration(stats.success),
+            "fail": _duration(stats.fail),
+            "queue": _duration(stats.queue),
+            "compute_input": _duration(stats.compute_input),
+            "compute_infer": _duration(stats.compute_infer),
+            "compute_output": _duration(stats.compute_output),
+            # No response cache: nothing is ever a hit or a miss.
+            "cache_hit": {"count": 0, "ns": 0},
+            "cache_miss": {"count": 0, "ns": 0},
+        },
+        "batch_stats": [
+            {
+                "batch_size": size,
+                "compute_input": {"count": values[0], "ns": values[1]},
+                "compute_infer": {"count": values[0], "ns": values[2]},
+                "compute_output": {"count": values[0], "ns": values[3]},
+            }
+            for size, values in sorted(stats.batches.items())
+            if len(values) >= 4
+        ],
+    }
+
+
+def to_proto(doc: dict[str, Any], message: Message) -> Message:
+    """Fill `message` (e.g. ``inference.ModelConfig``) from its JSON form and return it."""
+    return json_format.ParseDict(doc, message)
