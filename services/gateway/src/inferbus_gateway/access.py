@@ -20,11 +20,13 @@ from __future__ import annotations
 import logging
 import time
 from types import TracebackType
+from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter
 
 from inferbus_common import tracing
 from inferbus_common.errors import InferbusError, ResourceExhausted
+from inferbus_common.loopmetrics import LoopGauge, LoopHistogram
 from inferbus_gateway.admission import BreakerOpen
 from inferbus_gateway.canonical import InferRequest, InferResponse
 
@@ -32,7 +34,7 @@ access_log = logging.getLogger("inferbus_gateway.access")
 
 SPAN_NAME = "inferbus.gateway.infer"
 
-STAGE_SECONDS = Histogram(
+STAGE_SECONDS = LoopHistogram(
     "inferbus_gateway_stage_seconds",
     "Where an answered request's time went, by stage: gateway (admission, validation, "
     "encoding), queue (batcher and work queue), compute (engine), pre/post (processing, "
@@ -59,7 +61,7 @@ STAGE_SECONDS = Histogram(
         10.0,
     ),
 )
-IN_FLIGHT = Gauge(
+IN_FLIGHT = LoopGauge(
     "inferbus_gateway_in_flight_requests",
     "Inference requests the gateway has taken and not answered yet (both protocols).",
 )
@@ -74,7 +76,7 @@ _REFUSALS = {
     "UNAUTHENTICATED": "unauthenticated",
     "PERMISSION_DENIED": "permission-denied",
 }
-_stage_children: dict[tuple[str, str], Histogram] = {}
+_stage_children: dict[tuple[str, str], Any] = {}
 
 
 def _observe_stages(model: str, timings_ms: dict[str, float]) -> None:
@@ -91,7 +93,7 @@ def _observe_stages(model: str, timings_ms: dict[str, float]) -> None:
     _stage(model, "bus").observe(max(0.0, rest) / 1000.0)
 
 
-def _stage(model: str, stage: str) -> Histogram:
+def _stage(model: str, stage: str) -> Any:
     child = _stage_children.get((model, stage))
     if child is None:
         child = _stage_children[(model, stage)] = STAGE_SECONDS.labels(model, stage)

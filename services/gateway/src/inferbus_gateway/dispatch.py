@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Gauge
 
 from inferbus_common import headers as h
 from inferbus_common.bundles import (
@@ -40,6 +40,7 @@ from inferbus_common.bundles import (
 from inferbus_common.catalog import Route
 from inferbus_common.codec import Buffer, Tensor
 from inferbus_common.errors import DeadlineExceeded, InferbusError, Unavailable
+from inferbus_common.loopmetrics import LoopCounter, LoopHistogram
 from inferbus_common.replies import error_from_fields
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import FrameError, encode_tensors, tensor_frame_parts
@@ -53,20 +54,20 @@ _NATS_SUBJECT = "Nats-Subject"
 _BUNDLE_OVERHEAD = 4096
 """Bytes kept free under the bus's message size limit for a bundle's headers."""
 
-DUPLICATE_REPLIES = Counter(
+DUPLICATE_REPLIES = LoopCounter(
     "inferbus_gateway_duplicate_replies_total",
     "Replies dropped because the request was already answered (or given up).",
 )
-BUNDLE_REQUESTS = Histogram(
+BUNDLE_REQUESTS = LoopHistogram(
     "inferbus_gateway_bundle_requests",
     "Requests per request bundle the gateway sent.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
-REPLY_BUNDLES = Counter(
+REPLY_BUNDLES = LoopCounter(
     "inferbus_gateway_reply_bundles_total",
     "Reply bundles received (each answers one or more requests).",
 )
-HELD_BUNDLES = Counter(
+HELD_BUNDLES = LoopCounter(
     "inferbus_gateway_held_bundles_total",
     "Bundles that collected requests for the bundle window (the gateway was "
     "saturated), as opposed to going at the end of the loop turn that opened them.",

@@ -7,9 +7,9 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nats.aio.client import Client
-from prometheus_client import Counter, Histogram
 
 from inferbus_common import headers as h
 from inferbus_common.audit import encode_record
@@ -24,6 +24,7 @@ from inferbus_common.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from inferbus_common.loopmetrics import LoopCounter, LoopHistogram
 from inferbus_common.modelconfig import TensorSpec
 from inferbus_common.modelstats import sum_stats
 from inferbus_common.subjects import Subjects
@@ -37,12 +38,12 @@ from inferbus_gateway.idempotency import IdempotencyCache
 from inferbus_gateway.lazyload import LazyLoader
 from inferbus_gateway.triton import triton_config, triton_statistics
 
-REQUESTS = Counter(
+REQUESTS = LoopCounter(
     "inferbus_gateway_requests_total",
     "Inference requests answered by the gateway.",
     ["model", "version", "protocol", "status"],
 )
-LATENCY = Histogram(
+LATENCY = LoopHistogram(
     "inferbus_gateway_request_duration_seconds",
     "End-to-end latency of inference requests seen by the gateway.",
     ["model", "protocol"],
@@ -85,10 +86,10 @@ MAX_REQUEST_ID = 256
 log = logging.getLogger(__name__)
 
 
-_answered_children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+_answered_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
 
-def _answered_metrics(model: str, version: str, protocol: str) -> tuple[Counter, Histogram]:
+def _answered_metrics(model: str, version: str, protocol: str) -> tuple[Any, Any]:
     """`REQUESTS` (status OK) and `LATENCY` children of a model version, made once.
 
     ``labels(...)`` builds and looks up its key on every call; an answered
