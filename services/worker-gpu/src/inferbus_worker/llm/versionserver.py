@@ -1,40 +1,9 @@
-"""`LlmWorker`: serves generative versions from the catalog over NATS.
+"""`VersionServer`: serves one loaded generative version over NATS.
 
-Like the tensor `Worker`: it follows the catalog (versions routed as ``stable``
-or by an alias, placed on its pool, whose ``engine.kind`` is ``vllm``), fetches
-and verifies their files (`ArtifactCache`: SHA-256 of every file, signatures
-when trusted keys are set), starts one `LlmEngine` per version and heartbeats
-a `WorkerStatus`, so the gateway knows what is ready. The heartbeat and pool
-admission are the tensor worker's (`Heartbeat`): the record carries the host
-spec (CPUs, memory, GPUs), and a worker over its pool's quota serves nothing
-and reports not ready until a place frees up.
-
-Per version it subscribes to ``ib.gen.<model>.<version>`` in the queue group
-``llm`` (several workers share the load). Admission is bounded: at most
-``max_num_seqs + max_waiting`` requests are held in the engine. A worker takes
-requests only while it has room: when it reaches its bound it withdraws from
-the queue group (drains its subscription), and it subscribes again as soon as
-a request ends, so nats-server hands new requests only to workers with room;
-when none has room the router gets nats-server's "no responders" and answers
-RESOURCE_EXHAUSTED (reason ``llm-full``) at once instead of queueing without
-end. A request that still reaches a full worker (it was on its way while the
-worker withdrew) is handed on to the subject again, at most `MAX_HANDOFFS`
-times, so a worker with room elsewhere takes it; when none does, the worker
-that handed it on answers it RESOURCE_EXHAUSTED (``llm-full``).
-
-Each admitted request streams chunks (``Ib-Seq`` 0, 1, ...; the last with
-``Ib-Final: 1``) to its reply subject. A message on
-``ib.gencancel.<request id>``, or the request's deadline, aborts it in vLLM.
-
-A vLLM engine whose core process dies is noticed by the request that gets
-`EngineDead` or by the 0.25 s health poll, whichever comes first. Its
-`VersionServer` then recovers in place: every in-flight request ends with one
-final UNAVAILABLE chunk, new ones are refused with UNAVAILABLE, the version's
-state turns ``restarting: …`` (not ready: the gateway stops sending, /readyz
-answers 503), the dead engine is shut down and a new one with the same config
-started; then the state is ``ready`` again. After ``engine_restart_attempts``
-failed restarts in a row the worker calls its fatal hook: ``__main__`` drains
-and exits with status 1, for the supervisor to start a fresh process.
+Bounded intake through the ``llm`` queue group (leave it when full, hand on
+what still arrives), one streamed chunk per engine step, cancellation, and
+in-place recovery of a dead vLLM engine. See docs/architecture.md ("The
+generative path", 3).
 """
 
 from __future__ import annotations
@@ -46,18 +15,13 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
-from types import TracebackType
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.kv import KeyValue
 
 from inferbus_common import headers as h
-from inferbus_common import ops
-from inferbus_common.bus import connect, shutdown
-from inferbus_common.catalog import Catalog, DeployedVersion, WorkerStatus, ensure_kv
+from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -67,23 +31,18 @@ from inferbus_common.errors import (
     status_of,
 )
 from inferbus_common.generation import LLM_FULL_REASON, GenerationChunk, GenerationRequest
-from inferbus_common.grpcauth import read_secret
-from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.modelconfig import GenerationConfig
 from inferbus_common.replies import error_headers
-from inferbus_common.signing import SignatureError, parse_trusted_keys, signed_payload, verify
-from inferbus_common.subjects import Subjects, name_from_token
-from inferbus_worker.artifacts import ArtifactCache
-from inferbus_worker.heartbeat import NATS_ERRORS, Heartbeat, VersionKey, wait_event
+from inferbus_common.subjects import Subjects
+from inferbus_worker.heartbeat import NATS_ERRORS
 from inferbus_worker.llm import metrics
 from inferbus_worker.llm.engine import (
     ENGINE_DIED,
     EngineDead,
-    EngineStats,
     LlmEngine,
-    detect_device,
 )
 from inferbus_worker.llm.settings import LlmWorkerSettings
+from inferbus_worker.versionhost import describe_failure
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +58,6 @@ RESTARTING = "restarting: the vLLM engine died"
 DEAD_GRACE_S = 2.0
 """How long in-flight requests of a dead engine get to end by themselves (vLLM
 fails them at once) before they are cancelled with an UNAVAILABLE chunk."""
-
-
-def _describe(exc: BaseException) -> str:
-    return exc.message if isinstance(exc, InferbusError) else f"{type(exc).__name__}: {exc}"
 
 
 class VersionServer:
@@ -294,7 +249,7 @@ class VersionServer:
                 "recovering the vLLM engine failed",
                 extra={"model": self.dv.model, "version": self.dv.version},
             )
-            self.down = f"recovering the dead vLLM engine failed ({_describe(exc)})"
+            self.down = f"recovering the dead vLLM engine failed ({describe_failure(exc)})"
             self._on_state(f"failed: {self.down}")
             self._on_fatal(self.down)
 
@@ -321,7 +276,7 @@ class VersionServer:
             except Exception as exc:
                 failures += 1
                 metrics.ENGINE_RESTARTS.labels(*self._labels, "failed").inc()
-                reason = _describe(exc)
+                reason = describe_failure(exc)
                 log.exception("restarting the vLLM engine failed", extra=extra)
                 await self._shutdown(engine)
                 if failures >= attempts:
@@ -606,306 +561,3 @@ class VersionServer:
                 await self._publish(reply, seq, b"", error_headers(exc, rid), True, rid)
         finally:
             metrics.REQUESTS.labels(*self._labels, status).inc()
-
-
-class LlmWorker:
-    """One LLM worker process (see module docstring).
-
-    Args:
-        settings: built once in `main`.
-        on_fatal: called once with the reason when the worker cannot go on (a dead
-            engine that could not be restarted); ``__main__`` then drains and exits 1.
-    """
-
-    def __init__(
-        self, settings: LlmWorkerSettings, on_fatal: Callable[[str], None] | None = None
-    ) -> None:
-        self.settings = settings
-        self._on_fatal = on_fatal
-        self.fatal = ""
-        """Why the worker gave up ('' while it serves)."""
-        self.instance_id = settings.instance_id or default_instance_id("llm-worker")
-        self.subjects = Subjects(settings.subject_prefix)
-        self.device = detect_device(settings.device)
-        self._trusted_keys = parse_trusted_keys(settings.trusted_keys)
-        self.cache = ArtifactCache(
-            settings.cache_dir,
-            settings.registry_url,
-            timeout_s=settings.registry_timeout_s,
-            registry_token=read_secret(None, settings.registry_token_file),
-        )
-        self.states: dict[VersionKey, str] = {}
-        self.servers: dict[VersionKey, VersionServer] = {}
-        self._loads: dict[VersionKey, asyncio.Task[None]] = {}
-        self._retry_at: dict[VersionKey, float] = {}
-        self._nc: Client | None = None
-        self._catalog: Catalog | None = None
-        self._workers_kv: KeyValue | None = None
-        self._changed = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._stack = contextlib.AsyncExitStack()
-        self._closed = False
-        self.metrics_port = 0
-        self.heartbeat = Heartbeat(
-            self.instance_id,
-            settings.pool,
-            lambda: self.states,
-            interval_s=settings.heartbeat_s,
-        )
-        """Status record, host spec and pool admission (shared with the tensor worker)."""
-
-    async def __aenter__(self) -> LlmWorker:
-        try:
-            await self._start()
-        except BaseException:
-            await self.drain()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.drain()
-
-    async def _start(self) -> None:
-        sock = ops.bind_socket(self.settings.host, self.settings.metrics_port)
-        self.metrics_port = sock.getsockname()[1]
-        await self._stack.enter_async_context(ops.serve_http(ops.ops_app(self.readiness), sock))
-        self._nc = await connect(
-            self.settings.nats_url, self.instance_id, **self.settings.nats_auth()
-        )
-        js = self._nc.jetstream()
-        self._workers_kv = await ensure_kv(js, self.subjects.workers_bucket)
-        self._catalog = Catalog(js, self.subjects, on_change=self._changed.set)
-        await self._catalog.__aenter__()
-        await self._catalog.wait_loaded()
-        await self.heartbeat.detect()
-        await self._nc.subscribe(self.subjects.gen_cancel_all, cb=self._on_cancel)
-        self._tasks.append(
-            asyncio.create_task(
-                self.heartbeat.run(self._workers_kv, lambda: self._closed), name="heartbeat"
-            )
-        )
-        self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="reconcile"))
-        self._tasks.append(asyncio.create_task(self._gauge_loop(), name="gauges"))
-        ops.write_ports_file(self.settings.ports_file, {"metrics": self.metrics_port})
-        log.info(
-            "llm worker started",
-            extra={
-                "worker_id": self.instance_id,
-                "pool": self.settings.pool,
-                "device": self.device,
-            },
-        )
-
-    async def drain(self) -> None:
-        """Stop intake, finish or abort in-flight generations, stop engines. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        for task in [*self._tasks, *self._loads.values()]:
-            task.cancel()
-        await asyncio.gather(*self._tasks, *self._loads.values(), return_exceptions=True)
-        servers = list(self.servers.values())
-        self.servers.clear()
-        for server in servers:
-            await server.stop(self.settings.drain_timeout_s)
-        if self._workers_kv is not None:
-            await self.heartbeat.remove(self._workers_kv)
-        if self._catalog is not None:
-            await self._catalog.__aexit__(None, None, None)
-        if self._nc is not None:
-            await shutdown(self._nc, self.settings.drain_timeout_s)
-        await self._stack.aclose()
-        log.info("llm worker stopped", extra={"worker_id": self.instance_id})
-
-    # --- status ------------------------------------------------------------------
-    def readiness(self) -> tuple[bool, str]:
-        """(ready, reason) for /readyz: connected, admitted; lists the versions and their state."""
-        if self._nc is None or not self._nc.is_connected:
-            return False, "not connected to NATS"
-        if self.heartbeat.admission:
-            return False, self.heartbeat.admission
-        if self.fatal:
-            return False, self.fatal
-        down = [f"{m}/{v}: {s.down}" for (m, v), s in sorted(self.servers.items()) if s.down]
-        if down:
-            return False, "; ".join(down)
-        if not self.states:
-            return True, f"no generative version is placed on pool '{self.settings.pool}'"
-        return True, "; ".join(f"{m}/{v}: {s}" for (m, v), s in sorted(self.states.items()))
-
-    @property
-    def admission(self) -> str:
-        """Why the pool's quota keeps this worker out ('' = admitted)."""
-        return self.heartbeat.admission
-
-    def _set_state(self, key: VersionKey, state: str | None) -> None:
-        if state is None:
-            self.states.pop(key, None)
-        else:
-            self.states[key] = state
-        self.heartbeat.changed.set()
-
-    def status(self) -> WorkerStatus:
-        """This worker's heartbeat record (host spec and admission included)."""
-        return self.heartbeat.status()
-
-    def _give_up(self, reason: str) -> None:
-        if self.fatal:
-            return
-        self.fatal = reason
-        if self._on_fatal is not None:
-            self._on_fatal(reason)
-
-    async def _gauge_loop(self) -> None:
-        """Engine-side numbers that only exist by asking the engine; its health too."""
-        while not self._closed:
-            for (model, version), server in list(self.servers.items()):
-                server.check_engine()
-                if server.down:
-                    continue
-                try:
-                    unfinished = server.engine.unfinished()
-                except Exception as exc:  # a gauge must not stop the loop
-                    log.warning("reading the engine's unfinished requests failed: %r", exc)
-                    continue
-                metrics.ENGINE_UNFINISHED.labels(model, version).set(unfinished)
-            await asyncio.sleep(0.25)
-
-    # --- cancellation ---------------------------------------------------------------
-    async def _on_cancel(self, msg: Msg) -> None:
-        rid = name_from_token(msg.subject.rsplit(".", 1)[-1])
-        for server in list(self.servers.values()):
-            if server.cancel(rid, "cancelled"):
-                log.info("generation cancelled", extra={"request_id": rid})
-
-    # --- what to serve ----------------------------------------------------------------
-    def desired(self) -> dict[VersionKey, DeployedVersion]:
-        """Generative versions placed on this pool that a route points at (any role)."""
-        assert self._catalog is not None
-        out: dict[VersionKey, DeployedVersion] = {}
-        if self.heartbeat.admission:
-            return out  # over the pool's quota: serve nothing until admitted
-        for (model, version), dv in self._catalog.versions.items():
-            route = self._catalog.routes.get(model)
-            if route is None or dv.config.pool != self.settings.pool or not dv.config.generative:
-                continue
-            # Canary and shadow versions get traffic from the router too.
-            if (
-                version in (route.stable, route.canary, route.shadow)
-                or version in route.aliases.values()
-            ):
-                out[(model, version)] = dv
-        return out
-
-    async def _reconcile_loop(self) -> None:
-        while not self._closed:
-            self._changed.clear()
-            await self._reconcile()
-            await wait_event(self._changed, self.settings.load_retry_s)
-
-    async def _reconcile(self) -> None:
-        assert self._catalog is not None
-        self.heartbeat.update_admission(self._catalog)
-        want = self.desired()
-        now = time.monotonic()
-        for key, dv in want.items():
-            if key in self.servers or key in self._loads or self._retry_at.get(key, 0.0) > now:
-                continue
-            self._set_state(key, "loading")
-            self._loads[key] = asyncio.create_task(self._load(key, dv), name=f"load-{key}")
-        for key in [k for k in self.servers if k not in want]:
-            server = self.servers.pop(key)
-            log.info("unloading", extra={"model": key[0], "version": key[1]})
-            await server.stop(self.settings.drain_timeout_s)
-            self._set_state(key, None)
-            for gauge in (
-                metrics.ENGINE_UNFINISHED,
-                metrics.RUNNING_SEQS,
-                metrics.WAITING_SEQS,
-                metrics.KV_CACHE_USAGE,
-                metrics.IN_FLIGHT,
-            ):
-                with contextlib.suppress(KeyError):
-                    gauge.remove(*key)
-
-    def _check_signature(self, dv: DeployedVersion) -> None:
-        if not self._trusted_keys:
-            return
-        try:
-            verify(
-                self._trusted_keys,
-                dv.key_id,
-                dv.signature,
-                signed_payload(dv.model, dv.version, dv.files),
-            )
-        except SignatureError as exc:
-            raise FailedPrecondition(f"refusing to load: {exc}") from None
-
-    def _model_dir(self, directory: Path, dv: DeployedVersion) -> Path:
-        """The Hugging Face directory: the one holding ``config.file``."""
-        parent = PurePosixPath(dv.config.file).parent
-        return directory.joinpath(*parent.parts) if parent.parts else directory
-
-    async def _load(self, key: VersionKey, dv: DeployedVersion) -> None:
-        assert self._nc is not None
-        extra = {"model": dv.model, "version": dv.version}
-        t0 = time.monotonic()
-        engine: LlmEngine | None = None
-        try:
-            self._check_signature(dv)
-            directory = await self.cache.fetch(dv)
-            labels = (dv.model, dv.version)
-
-            def on_stats(stats: EngineStats) -> None:
-                metrics.RUNNING_SEQS.labels(*labels).set(stats.running)
-                metrics.WAITING_SEQS.labels(*labels).set(stats.waiting)
-                metrics.KV_CACHE_USAGE.labels(*labels).set(stats.kv_cache_usage)
-
-            engine = LlmEngine(dv.config, self._model_dir(directory, dv), self.device, on_stats)
-            await asyncio.to_thread(engine.start)
-            server = VersionServer(
-                self._nc,
-                self.subjects,
-                dv,
-                engine,
-                self.settings,
-                on_state=lambda state: self._set_state(key, state),
-                on_fatal=self._give_up,
-            )
-            await server.start()
-        except BaseException as exc:
-            if engine is not None:
-                await asyncio.to_thread(engine.shutdown)
-            if isinstance(exc, asyncio.CancelledError):
-                self._set_state(key, None)
-                raise
-            if not isinstance(exc, Exception):
-                raise
-            reason = (
-                exc.message if isinstance(exc, InferbusError) else f"{type(exc).__name__}: {exc}"
-            )
-            if not isinstance(exc, InferbusError):
-                log.exception("loading failed", extra=extra)
-            log.error("loading failed: %s", reason, extra=extra)
-            self._retry_at[key] = time.monotonic() + self.settings.load_retry_s
-            self._set_state(key, f"failed: {reason}")
-        else:
-            if self._closed:
-                await server.stop(0)
-                self._set_state(key, None)
-                return
-            self.servers[key] = server
-            self._retry_at.pop(key, None)
-            self._set_state(key, "ready")
-            log.info(
-                "serving with %s",
-                engine.description,
-                extra={**extra, "latency_ms": round((time.monotonic() - t0) * 1000, 1)},
-            )
-        finally:
-            self._loads.pop(key, None)
