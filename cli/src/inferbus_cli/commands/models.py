@@ -248,7 +248,12 @@ def run_alias(args: argparse.Namespace) -> int:
     with registry_channel(address) as channel:
         try:
             info = registry_stub(channel).SetAlias(
-                rpb.SetAliasRequest(model=args.name, alias=args.alias, version=args.version),
+                rpb.SetAliasRequest(
+                    model=args.name,
+                    alias=args.alias,
+                    version=args.version,
+                    force=getattr(args, "force", False),
+                ),
                 timeout=args.timeout,
             )
         except grpc.RpcError as exc:

@@ -180,16 +180,25 @@ class RegistryClient:
             self._stub.GetVersion, registry_pb2.GetVersionRequest(model=model, version=version)
         )
 
-    async def set_alias(self, model: str, alias: str, version: str) -> registry_pb2.ModelInfo:
-        """Point `alias` at `version` (``stable`` moves the route).
+    async def set_alias(
+        self, model: str, alias: str, version: str, *, force: bool = False
+    ) -> registry_pb2.ModelInfo:
+        """Point `alias` at `version` (``stable`` moves the route once it is ready).
+
+        Args:
+            model: model name.
+            alias: alias name.
+            version: version it points at.
+            force: skip the registry's artifact check (workers still verify).
 
         Raises:
             NotFound: unknown model or version.
             InvalidArgument: malformed alias, or ``latest`` (managed by the registry).
+            FailedPrecondition: the stored artifact fails its digest or signature check.
         """
         return await self._unary(
             self._stub.SetAlias,
-            registry_pb2.SetAliasRequest(model=model, alias=alias, version=version),
+            registry_pb2.SetAliasRequest(model=model, alias=alias, version=version, force=force),
         )
 
     async def archive(
@@ -354,8 +363,11 @@ class RegistryClient:
         expected_kv_revision: int = 0,
         updated_by: str = "",
         change: str = "",
+        force: bool = False,
     ) -> registry_pb2.RouteState:
         """Change the traffic split; None keeps a field, '' clears canary/shadow/sticky.
+
+        `force` skips the registry's artifact check of the canary/shadow version.
 
         Raises:
             FailedPrecondition: `expected_kv_revision` is stale ("route changed,
@@ -376,6 +388,7 @@ class RegistryClient:
             expected_kv_revision=expected_kv_revision,
             updated_by=updated_by,
             change=change,
+            force=force,
             **{k: v for k, v in fields.items() if v is not None},
         )
         return await self._unary(self._stub.SetTraffic, request)

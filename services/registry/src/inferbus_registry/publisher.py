@@ -22,9 +22,12 @@ from inferbus_common.subjects import Subjects
 from inferbus_registry import metrics
 from inferbus_registry.repository import ModelRepository, ModelState, VersionRecord
 from inferbus_registry.traffic import (
+    Ready,
     RouteWrite,
     cas_write,
+    hold_stable,
     merge_catalog,
+    now_ms,
     read_route,
     route_event_fields,
 )
@@ -38,11 +41,15 @@ class CatalogPublisher:
     Args:
         nc: a connected NATS client.
         subjects: naming scheme.
+        ready: (model, version) → a live worker serves it; with it, a catalog write
+            that moves ``stable`` is held until the new version is ready
+            (`traffic.hold_stable`); None: no hold (no view of the workers).
     """
 
-    def __init__(self, nc: Client, subjects: Subjects) -> None:
+    def __init__(self, nc: Client, subjects: Subjects, *, ready: Ready | None = None) -> None:
         self._nc = nc
         self._subjects = subjects
+        self.ready = ready
         self._models: KeyValue | None = None
         self._routes: KeyValue | None = None
 
@@ -91,13 +98,15 @@ class CatalogPublisher:
                 # Unloaded or gone: withdraw the route so workers unload it.
                 await self.remove_route(state.name)
             return
+        ready = self.ready
+        now = now_ms()
+
+        def mutate(current: Route | None) -> Route:
+            merged = merge_catalog(route, current)
+            return merged if ready is None else hold_stable(merged, current, ready, now)
+
         # The catalog change has its own event (version_pushed, alias_set, ...).
-        await self.write_route(
-            state.name,
-            lambda current: merge_catalog(route, current),
-            updated_by="registry",
-            publish_event=False,
-        )
+        await self.write_route(state.name, mutate, updated_by="registry", publish_event=False)
 
     async def routes_kv(self) -> KeyValue:
         """The routes bucket (opened when needed)."""

@@ -184,6 +184,11 @@ class ReleaseRPCs:
             archived=list(state.archived),
             versions=(change.canary or "", change.shadow or ""),
         )
+        if not request.force:
+            # Refuse a corrupt or foreign artifact before traffic moves to it.
+            for version in {change.canary or "", change.shadow or ""} - {""}:
+                if version in versions:  # an unknown one is refused by apply_traffic
+                    await self._repo.verify(model, version)
         pools = self._pools
         frozen_checks: list[tuple[str, str]] = []
         if pools is not None:

@@ -657,7 +657,7 @@ class RolloutController:
                 f"{model!r} already has canary {route.canary!r} at {route.canary_weight:g}%; "
                 f"clear it with `inferbus route set {model} --canary none` first"
             )
-        record = await self._repo.get_version(model, version)
+        record = await self._repo.verify(model, version)
         await self._pools.check_open(record.config.pool, f"a rollout of {model} {version}")
         now = now_ms()
         rollout = Rollout(
@@ -708,6 +708,9 @@ class RolloutController:
             current, seq = await self.read(model)
             if current is None:
                 raise NotFound(f"{model!r} has no rollout; start one with `inferbus rollout start`")
+            if action == "rollback" and current.state == "succeeded":
+                # Stable moves back: the version it moves to must still be intact.
+                await self._repo.verify(model, current.previous_stable)
             if action == "resume":
                 state = await self._repo.state(model)
                 refuse_unservable(

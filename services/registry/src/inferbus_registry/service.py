@@ -231,6 +231,9 @@ class RegistryService(ReleaseRPCs, registry_pb2_grpc.RegistryServicer):
         """Point an alias at a version and move the route."""
         try:
             previous = (await self._repo.aliases(request.model)).get(request.alias, "")
+            if not request.force:
+                # Refuse a corrupt or foreign artifact before anything routes to it.
+                await self._repo.verify(request.model, request.version)
             state = await self._repo.set_alias(request.model, request.alias, request.version)
             await self._publish(None, state)
             await self._publisher.event(
@@ -240,6 +243,7 @@ class RegistryService(ReleaseRPCs, registry_pb2_grpc.RegistryServicer):
                 version=request.version,
                 previous=previous or None,
                 aliases=state.aliases,
+                **({"forced": True} if request.force else {}),
             )
             log.info(
                 "alias %s set",
@@ -368,6 +372,8 @@ class RegistryService(ReleaseRPCs, registry_pb2_grpc.RegistryServicer):
         """Withdraw a model's route or publish it again (optionally moving stable)."""
 
         async def change() -> tuple[ModelState, dict[str, Any]]:
+            if request.serving and request.version:
+                await self._repo.verify(request.model, request.version)
             state = await self._repo.set_serving(
                 request.model, request.serving, request.version, request.requested_by
             )

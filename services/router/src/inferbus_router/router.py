@@ -200,8 +200,8 @@ class Router:
         route = self._catalog.routes.get(model)
         try:
             weight = None
-            if route is not None and self._health is not None:
-                weight = self._health.effective_weight(route)
+            if route is not None and route.canary:
+                weight = self._canary_weight(route)
             decision = decide(route, model, headers, canary_weight=weight, draw=self._draw)
         except InferbusError as exc:
             code, _ = status_of(exc)
@@ -219,7 +219,12 @@ class Router:
         out.pop(h.MIRROR, None)
         pair = None
         # Streams are not compared: shadowing covers one-reply requests only.
-        if self._shadow is not None and not generate and wants_shadow(route, decision, self._draw):
+        if (
+            self._shadow is not None
+            and not generate
+            and wants_shadow(route, decision, self._draw)
+            and self._catalog.is_ready(model, route.shadow)
+        ):
             pair = self._shadow.begin(model, version, route.shadow, request_id)
             if pair is not None:
                 out[h.MIRROR] = pair[0]
@@ -244,6 +249,19 @@ class Router:
         DECISIONS.labels(model, version, decision.reason).inc()
         if pair is not None:
             await self._send_shadow(route, out, msg.data, pair)
+
+    def _canary_weight(self, route: Route) -> float:
+        """The canary percent for this request: the health-scaled weight, or 0 while no
+        live worker reports the canary ready (a version that is loading, or that its
+        workers refuse, takes no traffic: its requests would only fail)."""
+        weight = (
+            self._health.effective_weight(route)
+            if self._health is not None
+            else route.canary_weight
+        )
+        if weight > 0 and not self._catalog.is_ready(route.model, route.canary):
+            return 0.0
+        return weight
 
     async def _on_no_responders(self, msg: Msg) -> None:
         """No batcher took a forwarded request: tell the client now, not at its deadline.
