@@ -47,7 +47,7 @@ async def _until(what: str, check, timeout: float = 40.0) -> None:  # type: igno
 
 
 async def test_corrupt_version_is_refused_and_forcing_it_fails_no_request(stack, tmp_path) -> None:
-    from inferbus_registry.client import RegistryClient
+    from inferbus_client.registry import RegistryClient
 
     # v2: the same model, loaded lazily so no worker caches it before it is corrupted.
     v2_dir = tmp_path / "fraud-v2"

@@ -16,11 +16,11 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from inferbus_client.registry import RegistryClient
 from inferbus_common.catalog import Route, WorkerStatus, ensure_kv
 from inferbus_common.errors import FailedPrecondition, InvalidArgument
 from inferbus_common.versionhealth import WindowStats, percentile
 from inferbus_registry.app import RegistryApp
-from inferbus_registry.client import RegistryClient
 from inferbus_registry.rollout import Rollout, check_plan, evaluate
 from inferbus_testing.records import audit_record
 

@@ -32,12 +32,14 @@ Every error raised is an `InferbusError`, so the existing edge mappings apply:
 `Unavailable` and `breaker.BreakerOpen` → 503/UNAVAILABLE.
 """
 
-from inferbus_gateway.admission.auth import Authenticator, JwtVerifier, KeyStore, Principal
+from inferbus_common.admission.apikeys import KeyStore
+from inferbus_common.admission.limits import Limit, Scope
+from inferbus_gateway.admission.auth import Authenticator, JwtVerifier, Principal
 from inferbus_gateway.admission.breaker import BreakerBoard, BreakerOpen, CircuitBreaker
 from inferbus_gateway.admission.control import Admission
 from inferbus_gateway.admission.fallback import FALLBACK_HEADER, fallback_outputs
 from inferbus_gateway.admission.quota import QuotaKeeper
-from inferbus_gateway.admission.ratelimit import Limit, RateLimiter, Scope
+from inferbus_gateway.admission.ratelimit import RateLimiter
 
 __all__ = [
     "FALLBACK_HEADER",

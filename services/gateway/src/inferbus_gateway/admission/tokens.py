@@ -36,8 +36,8 @@ from collections.abc import Mapping
 import redis.asyncio as aioredis
 from prometheus_client import Counter
 
+from inferbus_common.admission.keys import REDIS_DOWN_ERRORS, reraise_if_cancelling
 from inferbus_common.errors import ResourceExhausted
-from inferbus_gateway.admission._redis import REDIS_DOWN_ERRORS, reraise_if_cancelling
 
 log = logging.getLogger(__name__)
 
