@@ -77,7 +77,11 @@ def collect_files(
     if path.is_file():
         files = [(parsed.file, path)]
     names = {name for name, _ in files}
-    if validate and parsed.file not in names and not any(n.startswith(parsed.file + "/") for n in names):
+    if (
+        validate
+        and parsed.file not in names
+        and not any(n.startswith(parsed.file + "/") for n in names)
+    ):
         raise PushError(f"the config names artifact {parsed.file!r} but {path} does not hold it")
     return config_bytes, files
 

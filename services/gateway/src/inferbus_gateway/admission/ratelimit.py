@@ -1,45 +1,11 @@
-"""Cluster-wide QPS limits kept in Redis, spent locally from small leases.
+"""Cluster-wide QPS limits, spent locally from small leases of Redis token buckets.
 
-Three scopes of limit, each a token bucket in Redis:
-
-=================  ================================  ===============
-scope              hash field in ``<prefix>:limits``  reason on reject
-=================  ================================  ===============
-``interface``      ``interface:ModelInfer``          ``cluster-qps``
-``model``          ``model:fraud``                   ``model-qps``
-``tenant-model``   ``tenant-model:acme:fraud``       ``tenant-quota``
-=================  ================================  ===============
-
-``*`` in a tenant-model field is a default for every tenant or model
-(``tenant-model:*:fraud``, ``tenant-model:acme:*``, ``tenant-model:*:*``); each
-(tenant, model) pair still gets its own bucket. A field's value is JSON
-``{"qps": 100, "burst": 5}`` (``burst`` optional) or a bare number of QPS.
-
-**Why leases.** A Redis round trip per request would cost more than the rest of
-the gateway. Each gateway therefore takes tokens from the shared bucket in
-small batches (the *lease*: ``min(5 % of the QPS, 10)``, at least 1) with one
-atomic Lua script that reads the clock with Redis ``TIME`` (never the gateways'
-clocks), and spends them in-process. A lease not spent within ``lease_ttl_s``
-(≤ 200 ms) is dropped, so tokens cannot pile up in one idle gateway. When half
-a lease is spent, the next one is fetched in the background (one task per
-bucket at a time), so requests rarely wait for Redis themselves. When the
-bucket is empty the script says how long until a full lease is available and
-the gateway rejects locally until then instead of asking again. The bucket's
-default capacity (burst) is ``max(2 leases, 10 % of the QPS)``: 100 ms of
-traffic, so a gateway that stalls briefly loses no tokens, while the burst a
-client can get above the limit stays small.
-
-**When Redis fails** the limiter either *fails open* — each gateway enforces
-``limit / live gateways`` in-process, counting the gateways that registered in
-``<prefix>:gateways`` (a heartbeat with a TTL; the last count seen is kept
-while Redis is down) — or *fails closed* (every limited request is answered
-UNAVAILABLE). One log line marks each transition, the gauge
-``inferbus_gateway_ratelimit_degraded`` shows it, and the heartbeat brings the
-cluster limits back as soon as Redis answers again.
-
-If the limits hash disappears entirely (a Redis restarted without
-persistence), the last limits seen are kept and a warning is logged: only an
-explicit edit (which always leaves the ``_rev`` field) can remove limits.
+`RateLimiter` takes a few tokens at a time from each shared bucket with one Lua
+script (Redis ``TIME``, never the gateways' clocks), spends them in-process,
+refills ahead in the background, and falls back to a per-gateway share
+(fail-open) or UNAVAILABLE (fail-closed) while Redis is down. The limits'
+schema is `inferbus_common.admission.limits`. See docs/architecture.md
+("Cluster QPS limits").
 """
 
 from __future__ import annotations
