@@ -27,12 +27,13 @@ from inferbus_common.registrychannel import message_size_options
 from inferbus_common.signing import load_private_key, parse_trusted_keys
 from inferbus_common.subjects import Subjects
 from inferbus_proto.registry import registry_pb2_grpc
+from inferbus_registry.grpcerrors import NATS_ERRORS
 from inferbus_registry.pools import PoolBook
 from inferbus_registry.promotion import PromotionWatcher
 from inferbus_registry.publisher import CatalogPublisher
 from inferbus_registry.repository import ModelRepository
 from inferbus_registry.rollout import RolloutController
-from inferbus_registry.service import NATS_ERRORS, RegistryService
+from inferbus_registry.service import RegistryService
 from inferbus_registry.settings import RegistrySettings
 from inferbus_registry.store import LocalStore, S3Store, Store
 

@@ -17,6 +17,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
+from inferbus_common.bus import NO_STREAM_ERRORS
 from inferbus_common.catalog import Route, ensure_kv
 from inferbus_common.subjects import Subjects
 from inferbus_registry import metrics
@@ -86,7 +87,7 @@ class CatalogPublisher:
         try:
             kv = await ensure_kv(js, self._subjects.profiles_bucket, history=1)
             await kv.put(key, value)
-        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+        except NO_STREAM_ERRORS:
             kv = await ensure_kv(js, self._subjects.profiles_bucket, history=1)
             await kv.put(key, value)
 
@@ -156,7 +157,7 @@ class CatalogPublisher:
 
         try:
             return await write(await self.routes_kv())
-        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+        except NO_STREAM_ERRORS:
             log.warning("routes bucket missing on NATS; re-creating it")
             await self.open()
             return await write(self._kv()[1])
@@ -179,14 +180,14 @@ class CatalogPublisher:
             await self._kv()[which].delete(key)
         except nats.js.errors.KeyNotFoundError:
             pass
-        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+        except NO_STREAM_ERRORS:
             # A bucket that is gone holds no key to delete; re-create it for later writes.
             await self.open()
 
     async def _put(self, which: int, key: str, value: bytes) -> None:
         try:
             await self._kv()[which].put(key, value)
-        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+        except NO_STREAM_ERRORS:
             # The bucket's stream is gone (a NATS server that lost its state):
             # create it again and retry once.
             log.warning("catalog bucket missing on NATS; re-creating it")

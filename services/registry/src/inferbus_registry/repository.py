@@ -453,11 +453,7 @@ class ModelRepository:
         naming.check_alias(alias)
         naming.check_version(version)
         async with self._lock(model):
-            state = await self.state(model)
-            if version not in state.versions:
-                raise NotFound(
-                    f"model {model!r} has no version {version!r}; versions: {state.versions}"
-                )
+            state = await self._state_with(model, version)
             if version in state.archived:
                 raise FailedPrecondition(
                     f"model {model!r} version {version!r} is archived; run "
@@ -500,6 +496,19 @@ class ModelRepository:
                 f"({what}); point those at another version first (`inferbus models alias`)"
             )
 
+    async def _state_with(self, model: str, version: str) -> ModelState:
+        """The model's state, which must hold `version`.
+
+        Raises:
+            NotFound: unknown model or version.
+        """
+        state = await self.state(model)
+        if version not in state.versions:
+            raise NotFound(
+                f"model {model!r} has no version {version!r}; versions: {state.versions}"
+            )
+        return state
+
     def _relatest(self, state: ModelState) -> dict[str, str]:
         aliases = dict(state.aliases)
         active = state.active_versions()
@@ -524,11 +533,7 @@ class ModelRepository:
         naming.check_model_name(model)
         naming.check_version(version)
         async with self._lock(model):
-            state = await self.state(model)
-            if version not in state.versions:
-                raise NotFound(
-                    f"model {model!r} has no version {version!r}; versions: {state.versions}"
-                )
+            state = await self._state_with(model, version)
             if version in state.archived:
                 return state
             await self._check_not_serving(state, version, "archive", live)
@@ -554,11 +559,7 @@ class ModelRepository:
         naming.check_model_name(model)
         naming.check_version(version)
         async with self._lock(model):
-            state = await self.state(model)
-            if version not in state.versions:
-                raise NotFound(
-                    f"model {model!r} has no version {version!r}; versions: {state.versions}"
-                )
+            state = await self._state_with(model, version)
             if version not in state.archived:
                 return state
             await self.store.delete(f"{_version_prefix(model, version)}/{ARCHIVED_FILE}")
@@ -582,11 +583,7 @@ class ModelRepository:
         naming.check_model_name(model)
         naming.check_version(version)
         async with self._lock(model):
-            state = await self.state(model)
-            if version not in state.versions:
-                raise NotFound(
-                    f"model {model!r} has no version {version!r}; versions: {state.versions}"
-                )
+            state = await self._state_with(model, version)
             await self._check_not_serving(state, version, "delete", live)
             prefix = _version_prefix(model, version)
             try:

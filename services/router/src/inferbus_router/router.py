@@ -25,6 +25,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from inferbus_common import headers as h
 from inferbus_common import tracing
+from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import Catalog, Route
 from inferbus_common.errors import InferbusError, ResourceExhausted, Unavailable, status_of
 from inferbus_common.generation import LLM_FULL_REASON
@@ -270,9 +271,9 @@ class Router:
         the client's reply subject is in the subject of nats-server's 503; no
         state is kept per request. Nothing was computed: UNAVAILABLE, safe to retry.
         """
-        headers = msg.headers or {}
-        if msg.data or headers.get("Status") != "503":
+        if not is_no_responders(msg):
             return
+        headers = msg.headers or {}
         reply = msg.subject[len(self._nr_inbox) + 1 :]
         where = headers.get("Nats-Subject", "the version's subject")
         await send_error(
@@ -287,8 +288,7 @@ class Router:
     async def _on_no_gen_responders(self, msg: Msg) -> None:
         """No LLM worker took a generative request: 429 if the version's workers are
         all full, 503 if none serves it. Nothing was generated either way."""
-        headers = msg.headers or {}
-        if msg.data or headers.get("Status") != "503":
+        if not is_no_responders(msg):
             return
         rest = msg.subject[len(self._nr_gen_inbox) + 1 :]
         model_token, version_token, reply = rest.split(".", 2)

@@ -455,38 +455,19 @@ class RolloutController:
         decision = evaluate(record, canary, stable, now)
         if decision.action == "wait":
             return
+        windows = {
+            "canary": StepStats.of(canary).model_dump(),
+            "stable": StepStats.of(stable).model_dump(),
+        }
         if decision.action == "fail":
-            if record.on_fail == "pause":
-                new = self._close_step(
-                    record,
-                    "failed",
-                    decision.reason,
-                    now,
-                    state="paused",
-                    canary=canary,
-                    stable=stable,
-                )
-                event = "rollout_paused"
-            else:
-                new = self._close_step(
-                    record,
-                    "failed",
-                    decision.reason,
-                    now,
-                    state="rolled_back",
-                    canary=canary,
-                    stable=stable,
-                )
-                event = "rollout_rolled_back"
+            target = "paused" if record.on_fail == "pause" else "rolled_back"
+            new = self._close_step(
+                record, "failed", decision.reason, now, state=target, canary=canary, stable=stable
+            )
             if await self._write(new, seq) is None:
                 return
             log.warning("rollout %s failed: %s", record.id, decision.reason, extra={"model": model})
-            await self._event(
-                new,
-                event,
-                canary=StepStats.of(canary).model_dump(),
-                stable=StepStats.of(stable).model_dump(),
-            )
+            await self._event(new, f"rollout_{target}", **windows)
             await self._reconcile(new)
             return
         # advance
@@ -522,12 +503,7 @@ class RolloutController:
             event = "rollout_step"
         if await self._write(new, seq) is None:
             return
-        await self._event(
-            new,
-            event,
-            canary=StepStats.of(canary).model_dump(),
-            stable=StepStats.of(stable).model_dump(),
-        )
+        await self._event(new, event, **windows)
         await self._reconcile(new)
         self._evidence.prune(model, (record.version, record.previous_stable), now)
 

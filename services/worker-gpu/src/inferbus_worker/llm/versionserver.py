@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from inferbus_common import headers as h
+from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import (
     DeadlineExceeded,
@@ -444,8 +445,7 @@ class VersionServer:
     async def _on_handoff_refused(self, msg: Msg) -> None:
         """No worker took a request we handed off: answer its client now (429, or
         503 when we handed it off because we are stopping)."""
-        headers = msg.headers or {}
-        if msg.data or headers.get("Status") != "503":
+        if not is_no_responders(msg):
             return
         why, _, reply = msg.subject[len(self._handoff_inbox) + 1 :].partition(".")
         where = f"model '{self.dv.model}' version '{self.dv.version}'"
