@@ -21,7 +21,6 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from inferbus_common import headers as h
-from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import (
     DeadlineExceeded,
@@ -38,30 +37,19 @@ from inferbus_common.subjects import Subjects
 from inferbus_worker.heartbeat import NATS_ERRORS
 from inferbus_worker.llm import metrics
 from inferbus_worker.llm.engine import (
-    ENGINE_DIED,
     EngineDead,
     LlmEngine,
 )
+from inferbus_worker.llm.intake import QueueIntake
 from inferbus_worker.llm.settings import LlmWorkerSettings
-from inferbus_worker.versionhost import describe_failure
+from inferbus_worker.llm.supervision import EngineSupervision
 
 log = logging.getLogger(__name__)
 
-_NATS_ERRORS = NATS_ERRORS
-QUEUE_GROUP = "llm"
-FULL_REASON = LLM_FULL_REASON
-MAX_HANDOFFS = 2
-"""Hand-offs of one request before a full worker answers RESOURCE_EXHAUSTED itself.
-A request can bounce back to the same worker only while its withdrawal is on its
-way to nats-server (one round trip), so two suffice."""
-RESTARTING = "restarting: the vLLM engine died"
-"""Version state (heartbeat, /readyz) while its engine is being restarted."""
-DEAD_GRACE_S = 2.0
-"""How long in-flight requests of a dead engine get to end by themselves (vLLM
-fails them at once) before they are cancelled with an UNAVAILABLE chunk."""
+NATS_ERRORS = NATS_ERRORS
 
 
-class VersionServer:
+class VersionServer(QueueIntake, EngineSupervision):
     """Serves one loaded version: admission, streaming, cancellation, engine recovery.
 
     Args:
@@ -125,65 +113,6 @@ class VersionServer:
         )
         await self._open_intake()
 
-    @property
-    def taking_requests(self) -> bool:
-        """Whether this server is in the queue group now (it has room)."""
-        return self._sub is not None
-
-    async def _open_intake(self) -> None:
-        """Join the queue group (again) if there is room and we are not in it."""
-        if self._sub is not None or self._opening or self._stopping:
-            return
-        self._opening = True
-        try:
-            while (
-                self._sub is None
-                and not self._stopping
-                and not self._nc.is_closed
-                and self.in_flight < self.bound
-            ):
-                try:
-                    self._sub = await self._nc.subscribe(
-                        self._subjects.gen(self.dv.model, self.dv.version),
-                        queue=QUEUE_GROUP,
-                        cb=self._on_request,
-                        pending_msgs_limit=100_000,
-                    )
-                except _NATS_ERRORS as exc:
-                    # Reconnecting or closing: nats-py replays live subscriptions on
-                    # reconnect, not this one; try again shortly unless stopping.
-                    log.warning("could not rejoin the generation queue group: %s", exc)
-                    await asyncio.sleep(0.5)
-        finally:
-            self._opening = False
-
-    def _close_intake(self) -> None:
-        """Leave the queue group at the bound: the server stops handing us requests.
-
-        A drain, not an unsubscribe: the requests nats-server already sent us are
-        still answered (admitted if a slot freed meanwhile, else handed on).
-        """
-        sub, self._sub = self._sub, None
-        if sub is None:
-            return
-        task = asyncio.create_task(self._drain(sub), name=f"drain-{self.dv.model}")
-        self._intake_tasks.add(task)
-        task.add_done_callback(self._intake_tasks.discard)
-
-    async def _drain(self, sub: Subscription) -> None:
-        with contextlib.suppress(*_NATS_ERRORS, TimeoutError):
-            async with asyncio.timeout(10.0):
-                await sub.drain()
-
-    def _intake_changed(self) -> None:
-        """Leave the queue group when full, rejoin it when a slot frees."""
-        if self.in_flight >= self.bound:
-            self._close_intake()
-        elif self._sub is None and not self._opening and not self._stopping:
-            task = asyncio.create_task(self._open_intake(), name=f"intake-{self.dv.model}")
-            self._intake_tasks.add(task)
-            task.add_done_callback(self._intake_tasks.discard)
-
     async def stop(self, timeout_s: float) -> None:
         """Stop intake, let in-flight requests finish for `timeout_s`, abort the rest.
 
@@ -202,7 +131,7 @@ class VersionServer:
             await asyncio.wait(list(self._intake_tasks), timeout=timeout_s)
         if self._handoff_sub is not None:
             # A round trip: "no responders" for what we handed off is in by now.
-            with contextlib.suppress(*_NATS_ERRORS, TimeoutError):
+            with contextlib.suppress(*NATS_ERRORS, TimeoutError):
                 await self._nc.flush(timeout=2)
                 await asyncio.sleep(0.05)
                 await self._handoff_sub.unsubscribe()
@@ -224,139 +153,6 @@ class VersionServer:
         metrics.ABORTED.labels(*self._labels, why).inc()
         task.cancel()
         return True
-
-    # --- engine recovery -----------------------------------------------------------
-    def check_engine(self) -> None:
-        """Start recovering if vLLM reports the engine errored (the health poll)."""
-        if not self.down and self.engine.dead:
-            self.engine_died("vLLM reports the engine errored")
-
-    def engine_died(self, why: str) -> None:
-        """Turn not ready and recover in the background (once; later calls are no-ops)."""
-        if self.down or self._stopping:
-            return
-        self.down = f"{ENGINE_DIED} (the worker is restarting it)"
-        self._on_state(RESTARTING)
-        self._recovery = asyncio.create_task(
-            self._recover(why), name=f"recover-{self.dv.model}/{self.dv.version}"
-        )
-
-    async def _recover(self, why: str) -> None:
-        """`_restart`; an unexpected error in it is fatal (the process restarts)."""
-        try:
-            await self._restart(why)
-        except Exception as exc:
-            log.exception(
-                "recovering the vLLM engine failed",
-                extra={"model": self.dv.model, "version": self.dv.version},
-            )
-            self.down = f"recovering the dead vLLM engine failed ({describe_failure(exc)})"
-            self._on_state(f"failed: {self.down}")
-            self._on_fatal(self.down)
-
-    async def _restart(self, why: str) -> None:
-        """Fail in-flight requests, shut the dead engine down, start a new one."""
-        extra = {"model": self.dv.model, "version": self.dv.version}
-        attempts = self._settings.engine_restart_attempts
-        log.error(
-            "the vLLM engine died (%s): failing %d in-flight requests with UNAVAILABLE "
-            "and restarting it",
-            why,
-            self.in_flight,
-            extra=extra,
-        )
-        t0 = time.monotonic()
-        await self._fail_in_flight()
-        self._zero_gauges()
-        await self._shutdown(self.engine)
-        failures = 0
-        while True:
-            engine = self.engine.fresh()
-            try:
-                await asyncio.to_thread(engine.start)
-            except Exception as exc:
-                failures += 1
-                metrics.ENGINE_RESTARTS.labels(*self._labels, "failed").inc()
-                reason = describe_failure(exc)
-                log.exception("restarting the vLLM engine failed", extra=extra)
-                await self._shutdown(engine)
-                if failures >= attempts:
-                    self.down = (
-                        f"the vLLM engine died and {failures} restarts in a row failed "
-                        f"(last: {reason})"
-                    )
-                    log.critical(
-                        "%s; giving up: the worker exits for its supervisor to restart it",
-                        self.down,
-                        extra=extra,
-                    )
-                    self._on_state(f"failed: {self.down}")
-                    self._on_fatal(self.down)
-                    return
-                log.error(
-                    "restart %d of %d of the vLLM engine failed (%s); next try in %.1f s",
-                    failures,
-                    attempts,
-                    reason,
-                    self._settings.load_retry_s,
-                    extra=extra,
-                )
-                self._on_state(f"{RESTARTING}; restart {failures} of {attempts} failed: {reason}")
-                await asyncio.sleep(self._settings.load_retry_s)
-                continue
-            break
-        self.engine = engine
-        self.down = ""
-        self._recovery = None
-        metrics.ENGINE_RESTARTS.labels(*self._labels, "ok").inc()
-        self._on_state("ready")
-        log.warning(
-            "vLLM engine restarted (%d failed attempts before); serving again",
-            failures,
-            extra={**extra, "latency_ms": round((time.monotonic() - t0) * 1000, 1)},
-        )
-
-    async def _fail_in_flight(self) -> None:
-        """Let requests end by themselves (vLLM fails them), then cancel the rest.
-
-        Either way each one ends with exactly one final UNAVAILABLE chunk.
-        """
-        tasks = list(self._tasks.values())
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(tasks, timeout=DEAD_GRACE_S)
-        for task in pending:
-            metrics.ABORTED.labels(*self._labels, "engine-dead").inc()
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-
-    async def _shutdown(self, engine: LlmEngine) -> None:
-        """Stop an engine within ``engine_shutdown_timeout_s`` (plus a margin for vLLM)."""
-        limit = self._settings.engine_shutdown_timeout_s
-        try:
-            async with asyncio.timeout(limit + 5.0):
-                await asyncio.to_thread(engine.shutdown, limit)
-        except TimeoutError:
-            log.error(
-                "the vLLM engine did not shut down within %.0f s; going on without it",
-                limit,
-                extra={"model": self.dv.model, "version": self.dv.version},
-            )
-        except Exception:
-            log.exception(
-                "shutting the vLLM engine down failed",
-                extra={"model": self.dv.model, "version": self.dv.version},
-            )
-
-    def _zero_gauges(self) -> None:
-        """A stopped or dead engine holds nothing: its engine-side gauges read 0."""
-        for gauge in (
-            metrics.ENGINE_UNFINISHED,
-            metrics.RUNNING_SEQS,
-            metrics.WAITING_SEQS,
-            metrics.KV_CACHE_USAGE,
-        ):
-            gauge.labels(*self._labels).set(0)
 
     async def _publish(
         self, reply: str, seq: int, body: bytes, extra: dict[str, str], final: bool, rid: str
@@ -394,13 +190,13 @@ class VersionServer:
                     f"model '{self.dv.model}' version '{self.dv.version}': {self.in_flight} "
                     f"requests already run or wait on this worker (bound {self.bound}); "
                     "retry later",
-                    reason=FULL_REASON,
+                    reason=LLM_FULL_REASON,
                     retry_after_s=1.0,
                 )
             request = GenerationRequest.decode(msg.data)
         except InferbusError as exc:
             metrics.REQUESTS.labels(*self._labels, exc.code.name).inc()
-            with contextlib.suppress(*_NATS_ERRORS):
+            with contextlib.suppress(*NATS_ERRORS):
                 await self._publish(reply, 0, b"", error_headers(exc, rid), True, rid)
             return
         deadline_ns = int(headers.get(h.DEADLINE) or 0) or h.deadline_from_timeout(self._timeout_s)
@@ -409,63 +205,6 @@ class VersionServer:
         metrics.IN_FLIGHT.labels(*self._labels).set(len(self._tasks))
         task.add_done_callback(lambda _t: self._forget(rid, task))
         self._intake_changed()
-
-    async def _hand_off(self, msg: Msg, headers: dict[str, str]) -> bool:
-        """Publish a request this server cannot take back to its subject, for another worker.
-
-        The copy's NATS reply subject is this server's hand-off inbox: if no worker
-        with room is subscribed, nats-server's "no responders" comes back here and
-        `_on_handoff_refused` answers the client. After `MAX_HANDOFFS`, or without
-        an ``Ib-Reply`` to answer, the caller answers the request itself.
-        """
-        try:
-            hops = int(headers.get(h.HANDOFF) or 0)
-        except ValueError:
-            hops = MAX_HANDOFFS
-        client_reply = headers.get(h.REPLY, "")
-        if not client_reply or hops >= MAX_HANDOFFS or not self._handoff_inbox:
-            return False
-        # Let a withdrawal started by the request that filled us reach the socket
-        # first, so the copy is not sent back to us (same connection, in order).
-        await asyncio.sleep(0)
-        why = "s" if self._stopping else "f"
-        forwarded = {**headers, h.HANDOFF: str(hops + 1)}
-        try:
-            await self._nc.publish(
-                msg.subject,
-                msg.data,
-                reply=f"{self._handoff_inbox}.{why}.{client_reply}",
-                headers=forwarded,
-            )
-        except _NATS_ERRORS:
-            return False
-        metrics.HANDED_OFF.labels(*self._labels).inc()
-        return True
-
-    async def _on_handoff_refused(self, msg: Msg) -> None:
-        """No worker took a request we handed off: answer its client now (429, or
-        503 when we handed it off because we are stopping)."""
-        if not is_no_responders(msg):
-            return
-        why, _, reply = msg.subject[len(self._handoff_inbox) + 1 :].partition(".")
-        where = f"model '{self.dv.model}' version '{self.dv.version}'"
-        exc: InferbusError
-        if why == "s":
-            exc = Unavailable(
-                f"the worker serving {where} is stopping and no other worker has room; "
-                "nothing was generated, retry"
-            )
-        else:
-            metrics.REJECTED.labels(*self._labels).inc()
-            exc = ResourceExhausted(
-                f"{where}: every worker serving it holds as many requests as it admits "
-                f"(bound {self.bound} here); nothing was generated, retry later",
-                reason=FULL_REASON,
-                retry_after_s=1.0,
-            )
-        metrics.REQUESTS.labels(*self._labels, exc.code.name).inc()
-        with contextlib.suppress(*_NATS_ERRORS):
-            await self._nc.publish(reply, b"", headers={**error_headers(exc), h.FINAL: "1"})
 
     def _forget(self, rid: str, task: asyncio.Task[None]) -> None:
         if self._tasks.get(rid) is task:
@@ -532,7 +271,7 @@ class VersionServer:
             status = "DEADLINE_EXCEEDED"
             metrics.ABORTED.labels(*self._labels, "deadline").inc()
             exc = DeadlineExceeded(f"request {rid} passed its deadline while generating")
-            with contextlib.suppress(*_NATS_ERRORS):
+            with contextlib.suppress(*NATS_ERRORS):
                 await self._publish(reply, seq, b"", error_headers(exc, rid), True, rid)
         except asyncio.CancelledError:
             # A cancel from the gateway (client gone: nobody waits for a final chunk),
@@ -547,7 +286,7 @@ class VersionServer:
                 metrics.ABORTED.labels(*self._labels, "shutdown").inc()
                 failure = Unavailable(f"the LLM worker stopped while generating {rid}; retry")
             if failure is not None:
-                with contextlib.suppress(*_NATS_ERRORS):
+                with contextlib.suppress(*NATS_ERRORS):
                     await self._publish(reply, seq, b"", error_headers(failure, rid), True, rid)
             raise
         except Exception as exc:
@@ -557,7 +296,7 @@ class VersionServer:
                 self.engine_died(f"request {rid} found it dead")
             elif not isinstance(exc, InferbusError):
                 log.exception("generation failed", extra={"request_id": rid})
-            with contextlib.suppress(*_NATS_ERRORS):
+            with contextlib.suppress(*NATS_ERRORS):
                 await self._publish(reply, seq, b"", error_headers(exc, rid), True, rid)
         finally:
             metrics.REQUESTS.labels(*self._labels, status).inc()
