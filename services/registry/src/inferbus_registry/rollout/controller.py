@@ -29,12 +29,13 @@ from inferbus_registry.publisher import CatalogPublisher
 from inferbus_registry.repository import ModelRepository
 from inferbus_registry.rollout.evidence import AuditEvidence
 from inferbus_registry.rollout.records import (
-    ACTIVE,
     Rollout,
     StepRecord,
     StepStats,
     check_plan,
+    close_step,
     evaluate,
+    transition,
 )
 from inferbus_registry.traffic import (
     ensure_route_history,
@@ -349,7 +350,7 @@ class RolloutController:
                 )
             who = f" by {requested_by}" if requested_by else ""
             text = reason or f"{action}{who}"
-            new = self._transition(current, action, text)
+            new = transition(current, action, text, now_ms())
             if await self._write(new, seq) is None:
                 continue
             await self._event(new, f"rollout_{new.state}", action=action, by=requested_by)
@@ -359,74 +360,6 @@ class RolloutController:
             )
             return new
         raise FailedPrecondition(f"the rollout of {model!r} kept changing; retry")
-
-    def _transition(self, current: Rollout, action: str, reason: str) -> Rollout:
-        now = now_ms()
-        state = current.state
-        if action == "pause":
-            if state != "running":
-                raise FailedPrecondition(f"rollout {current.id} is {state}, not running")
-            return self._close_step(current, "paused", reason, now, state="paused")
-        if action == "resume":
-            if state != "paused":
-                raise FailedPrecondition(f"rollout {current.id} is {state}, not paused")
-            # A fresh window: what happened while paused is not this step's evidence.
-            return current.model_copy(
-                update={
-                    "state": "running",
-                    "reason": reason,
-                    "step_started_unix_ms": now,
-                    "history": [
-                        *current.history,
-                        StepRecord(
-                            step=current.step + 1, weight=current.weight, started_unix_ms=now
-                        ),
-                    ],
-                }
-            )
-        if action == "abort":
-            if state not in ACTIVE:
-                raise FailedPrecondition(f"rollout {current.id} already ended ({state})")
-            return self._close_step(current, "aborted", reason, now, state="aborted")
-        # rollback
-        if state in ACTIVE:
-            return self._close_step(current, "rolled_back", reason, now, state="rolled_back")
-        if state == "succeeded":
-            return current.model_copy(
-                update={
-                    "state": "rolled_back",
-                    "reason": reason,
-                    "restored_stable": current.previous_stable,
-                }
-            )
-        raise FailedPrecondition(
-            f"rollout {current.id} already ended ({state}); nothing to roll back"
-        )
-
-    @staticmethod
-    def _close_step(
-        current: Rollout,
-        outcome: str,
-        reason: str,
-        now: int,
-        *,
-        state: str,
-        canary: WindowStats | None = None,
-        stable: WindowStats | None = None,
-    ) -> Rollout:
-        history = list(current.history)
-        if history and history[-1].outcome == "running":
-            last = history[-1].model_copy(
-                update={
-                    "ended_unix_ms": now,
-                    "outcome": outcome,
-                    "reason": reason,
-                    **({"canary": StepStats.of(canary)} if canary is not None else {}),
-                    **({"stable": StepStats.of(stable)} if stable is not None else {}),
-                }
-            )
-            history[-1] = last
-        return current.model_copy(update={"state": state, "reason": reason, "history": history})
 
     # --- the controller --------------------------------------------------------
     async def _tick(self, model: str) -> None:
@@ -461,7 +394,7 @@ class RolloutController:
         }
         if decision.action == "fail":
             target = "paused" if record.on_fail == "pause" else "rolled_back"
-            new = self._close_step(
+            new = close_step(
                 record, "failed", decision.reason, now, state=target, canary=canary, stable=stable
             )
             if await self._write(new, seq) is None:
@@ -472,7 +405,7 @@ class RolloutController:
             return
         # advance
         baseline = stable.p99_ms if stable.requests >= record.min_requests else record.stable_p99_ms
-        passed = self._close_step(
+        passed = close_step(
             record, "passed", decision.reason, now, state="running", canary=canary, stable=stable
         )
         if record.step + 1 >= len(record.steps):
@@ -537,7 +470,7 @@ class RolloutController:
 
     async def _end_withdrawn(self, record: Rollout, seq: int, reason: str) -> None:
         """Abort a rollout whose canary was taken out of serving under it."""
-        new = self._close_step(record, "aborted", reason, now_ms(), state="aborted")
+        new = close_step(record, "aborted", reason, now_ms(), state="aborted")
         if await self._write(new, seq) is None:
             return
         log.warning("rollout %s aborted: %s", record.id, reason, extra={"model": record.model})
@@ -586,7 +519,7 @@ class RolloutController:
             return
         reason = f"{record.version} was not ready after {record.ready_timeout_s:g}s ({state})"
         target = "paused" if record.on_fail == "pause" else "rolled_back"
-        new = self._close_step(record, "failed", reason, now, state=target)
+        new = close_step(record, "failed", reason, now, state=target)
         if await self._write(new, seq) is not None:
             log.warning("rollout %s failed: %s", record.id, reason, extra={"model": record.model})
             await self._event(new, f"rollout_{target}")

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from inferbus_common.errors import InvalidArgument
+from inferbus_common.errors import FailedPrecondition, InvalidArgument
 from inferbus_common.versionhealth import Thresholds, WindowStats, errors_worse, latency_worse
 
 RolloutStateName = Literal["running", "paused", "succeeded", "rolled_back", "aborted"]
@@ -190,3 +190,73 @@ def check_plan(
         raise InvalidArgument("--min-requests must be at least 1")
     if on_fail not in ("rollback", "pause"):
         raise InvalidArgument("--on-fail must be 'rollback' or 'pause'")
+
+
+def transition(current: Rollout, action: str, reason: str, now: int) -> Rollout:
+    """The record after an operator's `action` (pause, resume, abort, rollback).
+
+    Raises:
+        FailedPrecondition: the action does not apply to the current state.
+    """
+    state = current.state
+    if action == "pause":
+        if state != "running":
+            raise FailedPrecondition(f"rollout {current.id} is {state}, not running")
+        return close_step(current, "paused", reason, now, state="paused")
+    if action == "resume":
+        if state != "paused":
+            raise FailedPrecondition(f"rollout {current.id} is {state}, not paused")
+        # A fresh window: what happened while paused is not this step's evidence.
+        return current.model_copy(
+            update={
+                "state": "running",
+                "reason": reason,
+                "step_started_unix_ms": now,
+                "history": [
+                    *current.history,
+                    StepRecord(step=current.step + 1, weight=current.weight, started_unix_ms=now),
+                ],
+            }
+        )
+    if action == "abort":
+        if state not in ACTIVE:
+            raise FailedPrecondition(f"rollout {current.id} already ended ({state})")
+        return close_step(current, "aborted", reason, now, state="aborted")
+    # rollback
+    if state in ACTIVE:
+        return close_step(current, "rolled_back", reason, now, state="rolled_back")
+    if state == "succeeded":
+        return current.model_copy(
+            update={
+                "state": "rolled_back",
+                "reason": reason,
+                "restored_stable": current.previous_stable,
+            }
+        )
+    raise FailedPrecondition(f"rollout {current.id} already ended ({state}); nothing to roll back")
+
+
+def close_step(
+    current: Rollout,
+    outcome: str,
+    reason: str,
+    now: int,
+    *,
+    state: str,
+    canary: WindowStats | None = None,
+    stable: WindowStats | None = None,
+) -> Rollout:
+    """`current` in `state`, its running step closed with `outcome` and the windows."""
+    history = list(current.history)
+    if history and history[-1].outcome == "running":
+        last = history[-1].model_copy(
+            update={
+                "ended_unix_ms": now,
+                "outcome": outcome,
+                "reason": reason,
+                **({"canary": StepStats.of(canary)} if canary is not None else {}),
+                **({"stable": StepStats.of(stable)} if stable is not None else {}),
+            }
+        )
+        history[-1] = last
+    return current.model_copy(update={"state": state, "reason": reason, "history": history})
