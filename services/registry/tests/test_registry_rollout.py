@@ -469,8 +469,7 @@ async def test_a_restarted_registry_replays_the_steps_evidence_from_the_audit_st
                 await heartbeat(conn, app, "m/2")
                 await c.start_rollout("m", "2", steps=[30, 100], interval_s=2.0, min_requests=5)
                 await _route_where(c, "m", lambda r: r.canary_weight == 30.0)
-                # 20 per version: the first 10 of each are warm-up, not evidence.
-                for _ in range(20):
+                for _ in range(10):
                     for version in ("1", "2"):
                         await conn.publish(app.subjects.audit("m"), _record("m", version, "OK", 2))
                 await conn.flush()

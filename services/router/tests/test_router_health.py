@@ -145,14 +145,15 @@ def test_one_slow_request_among_few_does_not_cut_a_healthy_canary(caplog) -> Non
     assert not [r for r in caplog.records if "factor" in r.getMessage()]
 
 
-def test_warm_up_requests_of_a_fresh_version_are_not_counted() -> None:
+def test_warm_up_latencies_of_a_fresh_version_are_not_counted() -> None:
     policy = HealthPolicy(window_s=30.0, min_samples=20, warmup_samples=10)
     hw = HealthWeights(policy, Clock())
     route = _route("hw-warm")
     _feed(hw, "hw-warm", "1", 100, ms=10.0)
     _feed(hw, "hw-warm", "2", 10, ms=900.0)  # the first ten: cold caches
     _feed(hw, "hw-warm", "2", 40, ms=10.0)
-    assert hw.stats("hw-warm", "2") == (40, 0.0, 10.0)
+    # They count as requests (a failing version is judged as fast), not as latencies.
+    assert hw.stats("hw-warm", "2") == (50, 0.0, 10.0)
     hw.evaluate({route.model: route})
     assert hw.factor("hw-warm", "2") == 1.0
 

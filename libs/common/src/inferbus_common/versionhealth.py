@@ -3,9 +3,9 @@ weights and the registry's rollout analysis.
 
 Outcome classes of audit statuses, windows of outcomes, the percentile, and a
 comparison that needs evidence before it calls a canary worse: a minimum
-sample count on both sides and a one-sided binomial test at `ALPHA` against
-the margin (error rate) or the latency threshold (tail share). The first
-outcomes of a fresh window are warm-up and not counted. See
+sample count and a one-sided binomial test at `ALPHA` against the margin
+(error rate) or the latency threshold (tail share). The latencies of a fresh
+window's first outcomes are warm-up and not counted (their errors are). See
 docs/architecture.md ("Health-aware weights", "Rollout state machine").
 """
 
@@ -69,7 +69,7 @@ class WindowStats:
     """Outcomes counted (successes and faults)."""
     errors: int = 0
     latencies_ms: tuple[float, ...] = ()
-    """Latencies of the successful requests, ascending."""
+    """Latencies of the successful requests (warm-up ones excluded), ascending."""
 
     @property
     def error_rate(self) -> float:
@@ -95,33 +95,34 @@ class WindowStats:
 
 
 class OutcomeWindow:
-    """Outcomes of one version: (timestamp, fault?, latency ms), oldest first.
+    """Outcomes of one version: (timestamp, fault?, latency ms or None), oldest first.
 
-    The first `warmup` outcomes it is given are not kept: a freshly loaded
-    version's first requests (lazy initialisation, cold caches) are not its
-    steady behaviour.
+    The latencies of the first `warmup` outcomes are not kept (None): a freshly
+    loaded version's first requests (lazy initialisation, cold caches) are not
+    its steady speed. Their success or fault still counts, so a failing
+    version is judged as soon as without a warm-up.
 
     Args:
         max_samples: bound on the outcomes kept (the oldest go first).
-        warmup: outcomes skipped at the start.
+        warmup: outcomes at the start whose latency is not counted.
     """
 
     __slots__ = ("_skip", "samples")
 
     def __init__(self, *, max_samples: int = 200_000, warmup: int = 0) -> None:
-        self.samples: deque[tuple[float, bool, float]] = deque(maxlen=max_samples)
+        self.samples: deque[tuple[float, bool, float | None]] = deque(maxlen=max_samples)
         self._skip = warmup
 
     def add(self, ts: float, status: str, latency_ms: float) -> bool:
-        """Record one outcome by its audit status; False when it was not kept
-        (neutral, or warm-up)."""
+        """Record one outcome by its audit status; False when it is not counted (neutral)."""
         outcome = classify(status)
         if outcome is Outcome.NEUTRAL:
             return False
+        latency: float | None = latency_ms
         if self._skip > 0:
             self._skip -= 1
-            return False
-        self.samples.append((ts, outcome is Outcome.FAULT, latency_ms))
+            latency = None
+        self.samples.append((ts, outcome is Outcome.FAULT, latency))
         return True
 
     def prune(self, before: float) -> None:
@@ -131,17 +132,18 @@ class OutcomeWindow:
 
     def stats(self, since: float = float("-inf")) -> WindowStats:
         """What the version did from `since` on."""
-        errors = 0
+        requests = errors = 0
         latencies: list[float] = []
         for ts, fault, latency in self.samples:
             if ts < since:
                 continue
+            requests += 1
             if fault:
                 errors += 1
-            else:
+            elif latency is not None:
                 latencies.append(latency)
         latencies.sort()
-        return WindowStats(errors + len(latencies), errors, tuple(latencies))
+        return WindowStats(requests, errors, tuple(latencies))
 
 
 def binomial_tail(k: int, n: int, p: float) -> float:
@@ -228,10 +230,11 @@ def latency_worse(canary: WindowStats, stable_p99_ms: float, t: Thresholds) -> V
     """Are more than `TAIL_SHARE` of the canary's successes slower than stable's p99 ×
     ratio + slack, with confidence? (A p99 over the threshold, tested.)"""
     n = len(canary.latencies_ms)
+    enough = canary.requests >= t.min_samples and n > 0
     if t.max_p99_ratio <= 0 or stable_p99_ms <= 0:
-        return Verdict(False, n >= t.min_samples, "no latency baseline")
-    if n < t.min_samples:
-        return Verdict(False, False, f"{n} of {t.min_samples} canary latencies")
+        return Verdict(False, enough, "no latency baseline")
+    if not enough:
+        return Verdict(False, False, f"{canary.requests} of {t.min_samples} canary samples")
     threshold = stable_p99_ms * t.max_p99_ratio + t.p99_slack_ms
     slow = canary.over(threshold)
     if slow <= TAIL_SHARE * n:

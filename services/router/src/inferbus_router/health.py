@@ -55,7 +55,8 @@ class HealthPolicy:
         decrease: factor multiplier per unhealthy evaluation.
         recover_step: factor added per evaluation that does not find it unhealthy.
         max_samples: bound on records kept per version.
-        warmup_samples: first records of a version (per router) not counted.
+        warmup_samples: first records of a version (per router) whose latency is not
+            counted.
         alpha: level of the confidence test.
     """
 

@@ -47,8 +47,9 @@ class RouterSettings(ServiceSettings):
     health_recover_step: float = Field(default=0.1, gt=0, le=1)
     """Factor added back per healthy evaluation (up to 1)."""
     health_warmup_samples: int = Field(default=10, ge=0)
-    """First records of each version a router sees that are not counted (a freshly
-    loaded version's first requests are not its steady behaviour)."""
+    """First records of each version a router sees whose latency is not counted (a
+    freshly loaded version's first requests are not its steady speed; their errors
+    still count)."""
     health_alpha: float = Field(default=0.01, gt=0, lt=0.5)
     """Level of the confidence test before a canary is called worse (lower: more
     evidence needed)."""

@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 REPLAY_MAX_RECORDS = 200_000
 """Most audit records read back from the stream per rollout after a restart."""
 WARMUP_RECORDS = 10
-"""First records of each version's window not counted (a freshly loaded canary's
-first requests are not its steady behaviour)."""
+"""First records of each version's window whose latency is not counted (a freshly
+loaded canary's first requests are not its steady speed)."""
 
 
 class AuditEvidence:
