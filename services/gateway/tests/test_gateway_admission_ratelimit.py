@@ -11,18 +11,10 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from prometheus_client import REGISTRY
 
+from inferbus_common.admission.keys import AdmissionKeys, connect_redis
+from inferbus_common.admission.limits import Limit, Scope, delete_limit, list_limits, set_limit
 from inferbus_common.errors import ResourceExhausted, Unavailable
-from inferbus_gateway.admission._redis import AdmissionKeys, connect_redis
-from inferbus_gateway.admission.ratelimit import (
-    FailureMode,
-    Limit,
-    RateLimiter,
-    Scope,
-    TokenBucket,
-    delete_limit,
-    list_limits,
-    set_limit,
-)
+from inferbus_gateway.admission.ratelimit import FailureMode, RateLimiter, TokenBucket
 from inferbus_testing.servers import RedisServer
 
 KEYS = AdmissionKeys("t")

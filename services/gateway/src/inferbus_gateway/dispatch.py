@@ -37,6 +37,7 @@ from inferbus_common.bundles import (
     decode_reply_bundle,
     encode_request_bundle,
 )
+from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import Route
 from inferbus_common.codec import Buffer, Tensor
 from inferbus_common.errors import DeadlineExceeded, InferbusError, Unavailable
@@ -48,8 +49,6 @@ from inferbus_gateway.loopload import LoopLoad
 
 log = logging.getLogger(__name__)
 
-_NATS_STATUS = "Status"
-_NO_RESPONDERS = "503"
 _NATS_SUBJECT = "Nats-Subject"
 _BUNDLE_OVERHEAD = 4096
 """Bytes kept free under the bus's message size limit for a bundle's headers."""
@@ -288,7 +287,7 @@ class Dispatcher:
         if fut is None or fut.done():
             DUPLICATE_REPLIES.inc()
             return
-        if not msg.data and (msg.headers or {}).get(_NATS_STATUS) == _NO_RESPONDERS:
+        if is_no_responders(msg):
             fut.set_exception(_no_responders(msg))
             return
         fut.set_result(Reply.from_msg(msg))
@@ -322,7 +321,7 @@ class Dispatcher:
 
     def _on_bundle_no_responders(self, suffix: str, msg: Msg) -> None:
         """nats-server's "no responders" for a bundle: fail its still-waiting calls now."""
-        if msg.data or (msg.headers or {}).get(_NATS_STATUS) != _NO_RESPONDERS:
+        if not is_no_responders(msg):
             return
         try:
             first, last = (int(x) for x in suffix[1:].split("_", 1))

@@ -13,7 +13,7 @@ from nats.aio.client import Client
 
 from inferbus_common import headers as h
 from inferbus_common.audit import encode_record
-from inferbus_common.catalog import Catalog, DeployedVersion
+from inferbus_common.catalog import Catalog, DeployedVersion, not_ready_error
 from inferbus_common.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -510,10 +510,8 @@ class InferenceService:
                         f"(load_policy lazy; {state}); retry in a few seconds"
                     )
         if state != "ready":
-            raise Unavailable(
-                f"model '{dv.model}' version '{dv.version}' is not ready ({state}); "
-                "check `inferbus status` and the worker logs"
-            )
+            # FAILED_PRECONDITION for a version its workers refuse for good, else UNAVAILABLE.
+            raise not_ready_error(dv.model, dv.version, state)
         deadline_ns = h.deadline_from_timeout(timeout_s)
         t_sent = time.perf_counter()
         reply = await self._dispatcher.call(

@@ -96,10 +96,9 @@ class GatewaySettings(ServiceSettings):
     direct_dispatch: bool = True
     """Send requests whose route leaves nothing to decide (no pinned version, no canary
     taking traffic, no shadow) straight to the stable version's batchers, skipping the
-    router hop (``inferbus_gateway.dispatch.plain_version``): 1.17x requests/s at
-    concurrency 64 and 0.91x p50 at concurrency 1 (round 6 in ``bench/findings.md``).
-    Off: every request goes through the router (its metrics and spans then count all
-    traffic)."""
+    router hop (``inferbus_gateway.dispatch.plain_version``; what it saves:
+    docs/architecture.md, step 2). Off: every request goes through the router (its
+    metrics and spans then count all traffic)."""
 
     bundles: bool = True
     """Send requests as request bundles: those for the same model (and version) travel
