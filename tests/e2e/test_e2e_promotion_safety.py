@@ -112,7 +112,7 @@ async def test_corrupt_version_is_refused_and_forcing_it_fails_no_request(stack,
             with pytest.raises(InferenceServerException) as pinned:
                 await client.infer("fraud", [inp], model_version="2", timeout=5_000_000)
             assert "failed permanently" in pinned.value.message()
-            assert pinned.value.status() == "StatusCode.FAILED_PRECONDITION"
+            assert pinned.value.status() == "StatusCode.FAILED_PRECONDITION", pinned.value.message()
             await asyncio.sleep(1.0)  # more traffic while the bad canary is in the route
             await registry.set_traffic("fraud", canary="", updated_by="test")
 

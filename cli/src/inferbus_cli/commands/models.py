@@ -76,7 +76,7 @@ def run_push(args: argparse.Namespace) -> int:
     address = _registry_address(args)
     try:
         config_bytes, files = collect_files(
-            Path(args.path), Path(args.config) if args.config else None
+            Path(args.path), Path(args.config) if args.config else None, derive=True
         )
     except PushError as exc:
         return _fail(str(exc))

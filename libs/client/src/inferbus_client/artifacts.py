@@ -29,17 +29,18 @@ class PushError(InvalidArgument):
 
 
 def collect_files(
-    path: Path, config: Path | None, *, validate: bool = True
+    path: Path, config: Path | None, *, validate: bool = True, derive: bool = False
 ) -> tuple[bytes, list[tuple[str, Path]]]:
     """The config bytes and ``(path in version, local file)`` pairs to upload.
 
     `path` is a version directory (``config.json`` plus the artifact files, any
     depth; hidden files are skipped) or a single model file pushed with a
     separate `config` (default: a ``config.json`` beside it); a single file is
-    stored under the config's ``file`` name (``model.onnx`` by default). A
-    single ``.onnx`` file with neither is pushed as ``model.onnx`` with empty
-    config bytes: the registry derives the config from the graph (Triton's
-    auto-complete).
+    stored under the config's ``file`` name (``model.onnx`` by default). With
+    `derive` (the CLI's ``models push model.onnx`` without ``--config``), a
+    single ``.onnx`` file without `config` is pushed as ``model.onnx`` with
+    empty config bytes: the registry derives the config from the graph
+    (Triton's auto-complete); so is one with no ``config.json`` beside it.
 
     With `validate` off a config that does not parse is sent as it is (the
     registry refuses it with its own message).
@@ -62,9 +63,9 @@ def collect_files(
         )
     elif path.is_file():
         config_path = config or path.parent / "config.json"
+        if config is None and path.suffix == ".onnx" and (derive or not config_path.is_file()):
+            return b"", [("model.onnx", path)]
         if config is None and not config_path.is_file():
-            if path.suffix == ".onnx":
-                return b"", [("model.onnx", path)]
             raise PushError(f"{path} is a single file: give its config with --config config.json")
         if not config_path.is_file():
             raise PushError(f"{config_path} not found")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ from nats.aio.client import Client
 
 from inferbus_common import headers as h
 from inferbus_common.audit import encode_record
-from inferbus_common.catalog import Catalog, DeployedVersion, not_ready_error
+from inferbus_common.catalog import Catalog, DeployedVersion, is_rejected, not_ready_error
 from inferbus_common.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -84,6 +85,15 @@ _MAX_CHECKERS = 1024
 MAX_REQUEST_ID = 256
 
 log = logging.getLogger(__name__)
+
+_ID_PREFIX = secrets.token_hex(8)
+_id_counter = itertools.count(1)
+
+
+def _new_id() -> str:
+    """An id for a request that brings none: 32 hex digits like ``uuid4().hex``, a
+    random prefix per process and a counter (no system call per id)."""
+    return f"{_ID_PREFIX}{next(_id_counter):016x}"
 
 
 _answered_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
@@ -321,7 +331,7 @@ class InferenceService:
         t0 = time.perf_counter()
         if not request.received_ns:
             request.received_ns = time.time_ns()
-        outcome = _Outcome(request_id=request.id or uuid.uuid4().hex, version=request.version)
+        outcome = _Outcome(request_id=request.id or _new_id(), version=request.version)
         admission = self._admission
         try:
             if admission is not None:
@@ -484,7 +494,7 @@ class InferenceService:
     ) -> InferResponse:
         if len(request.id) > MAX_REQUEST_ID:
             raise InvalidArgument(f"request id is longer than {MAX_REQUEST_ID} characters")
-        request_id = request.id or (outcome.request_id if outcome else "") or uuid.uuid4().hex
+        request_id = request.id or (outcome.request_id if outcome else "") or _new_id()
         dv = self.resolve(request.model, request.version)
         if dv.config.generative:
             raise FailedPrecondition(
@@ -504,7 +514,7 @@ class InferenceService:
                 t_wait = time.perf_counter()
                 state = await self._lazy.request_wait(dv.model, dv.version, timeout_s)
                 timeout_s = max(0.001, timeout_s - (time.perf_counter() - t_wait))
-                if state != "ready":
+                if state != "ready" and not is_rejected(state):
                     raise Unavailable(
                         f"model '{dv.model}' version '{dv.version}' is loading "
                         f"(load_policy lazy; {state}); retry in a few seconds"

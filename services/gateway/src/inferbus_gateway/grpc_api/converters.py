@@ -82,8 +82,8 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
                 f"input '{t.name}': unknown datatype {t.datatype!r}; expected one of "
                 f"{sorted(ALL_DATATYPES)}"
             )
-        shape = tuple(int(d) for d in t.shape)
-        if any(d < 0 for d in shape):
+        shape = tuple(t.shape)  # int64 already
+        if shape and min(shape) < 0:
             raise InvalidArgument(f"input '{t.name}': shape {list(shape)} has a negative dimension")
         if raw:
             if t.HasField("contents"):
@@ -96,7 +96,7 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
         tensors.append(Tensor(t.name, t.datatype, shape, data))
     priority = 0
     timeout_override = timeout_s
-    for key, value in req.parameters.items():
+    for key, value in req.parameters.items() if req.parameters else ():
         if key not in ("priority", "timeout"):
             continue
         v = _param_value(value)
@@ -111,17 +111,22 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
             # Triton's convention: the request parameter "timeout" is in microseconds.
             t = v / 1e6
             timeout_override = t if timeout_override is None else min(t, timeout_override)
-    classification = {
-        o.name: class_count(_param_value(o.parameters["classification"]), o.name)
-        for o in req.outputs
-        if "classification" in o.parameters
-    }
+    outputs = req.outputs
+    classification = (
+        {
+            o.name: class_count(_param_value(o.parameters["classification"]), o.name)
+            for o in outputs
+            if "classification" in o.parameters
+        }
+        if outputs
+        else {}
+    )
     return InferRequest(
         model=req.model_name,
         version=req.model_version,
         id=req.id,
         inputs=tensors,
-        outputs=[o.name for o in req.outputs],
+        outputs=[o.name for o in outputs] if outputs else [],
         priority=priority,
         timeout_s=timeout_override,
         classification=classification,
