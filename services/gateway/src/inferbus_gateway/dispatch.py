@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 _NATS_SUBJECT = "Nats-Subject"
 _BUNDLE_OVERHEAD = 4096
 """Bytes kept free under the bus's message size limit for a bundle's headers."""
+_FULL_WINDOW_AT = 32
+"""Requests waiting at the gateway from which a held bundle waits the whole window;
+with fewer, proportionally less (at least an eighth): a saturated gateway with few
+requests of its own in flight gains little from fuller bundles and pays the wait."""
 
 DUPLICATE_REPLIES = LoopCounter(
     "inferbus_gateway_duplicate_replies_total",
@@ -196,10 +200,10 @@ class Dispatcher:
         *,
         direct: bool = False,
         bundles: bool = True,
-        bundle_window_s: float = 0.003,
+        bundle_window_s: float = 0.006,
         bundle_max_requests: int = 256,
         busy: Callable[[], bool] | None = None,
-        bundle_busy_demand: float = 0.85,
+        bundle_busy_demand: float = 0.9,
     ) -> None:
         self._direct = direct
         self._bundles = bundles
@@ -220,6 +224,7 @@ class Dispatcher:
         self._bundle_inbox = f"{self._inbox}.b"
         self._pending: dict[int, _Call | asyncio.Future[Reply]] = {}
         self._next_token = 1
+        self._waiting = 0
         self._open: dict[str, _Bundle] = {}
         self._sends: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
@@ -267,7 +272,7 @@ class Dispatcher:
     @property
     def in_flight(self) -> int:
         """Requests waiting for their reply (sent or still in an open bundle)."""
-        return len(self._pending) + sum(len(b.calls) for b in self._open.values())
+        return self._waiting
 
     # --- replies ---------------------------------------------------------------
     async def _on_reply(self, msg: Msg) -> None:
@@ -471,8 +476,10 @@ class Dispatcher:
                 # Saturated: requests queue in front of the loop anyway; collect a while.
                 HELD_BUNDLES.inc()
                 window = self._window_s if window_s is None else min(window_s, self._window_s)
+                window *= max(0.125, min(1.0, self._waiting / _FULL_WINDOW_AT))
                 bundle.timer = asyncio.get_running_loop().call_later(window, self._flush, key)
         bundle.calls.append(call)
+        self._waiting += 1
         bundle.nbytes += size
         bundle.rows += rows
         if (bundle.max_rows and bundle.rows >= bundle.max_rows) or len(
@@ -544,6 +551,7 @@ class Dispatcher:
 
     def _done(self, call: _Call) -> None:
         """A call ended (answered, timed out or cancelled): forget its token."""
+        self._waiting -= 1
         if call.token:
             self._pending.pop(call.token, None)
 

@@ -104,15 +104,17 @@ class GatewaySettings(ServiceSettings):
     """Send requests as request bundles: those for the same model (and version) travel
     as one message and are answered by one reply bundle per engine run
     (docs/architecture.md, "Bundles"). Off: one message per request each way."""
-    bundle_busy_demand: float = Field(default=0.85, ge=0.0, le=2.0)
+    bundle_busy_demand: float = Field(default=0.9, ge=0.0, le=2.0)
     """Share of wall time the gateway's event-loop thread runs or waits to run (its
-    demand, sampled from the scheduler every 20 ms) from which on the gateway counts as
-    saturated. Saturated, a bundle collects requests for ``bundle_window_us`` (fewer,
-    fuller messages: less CPU per request where CPU is what limits); otherwise a bundle
-    holds what arrives in one event-loop turn and no request waits. 0: always collect;
-    above 1: never."""
-    bundle_window_us: int = Field(default=3000, ge=0, le=1_000_000)
-    """How long a bundle collects requests while the gateway is saturated."""
+    demand, sampled from the scheduler every 50 ms, averaged) from which on the gateway
+    counts as saturated (and up to which, less 0.15, it stays so). Saturated, a bundle
+    collects requests for up to ``bundle_window_us`` (fewer, fuller messages: less CPU
+    per request where CPU is what limits); otherwise a bundle holds what arrives in one
+    event-loop turn and no request waits. 0: always collect; above 1: never."""
+    bundle_window_us: int = Field(default=6000, ge=0, le=1_000_000)
+    """How long a bundle collects requests while the gateway is saturated, when 32 or
+    more requests wait at the gateway; with fewer, proportionally less (at least an
+    eighth of it)."""
     bundle_max_requests: int = Field(default=256, ge=1, le=65535)
     """A bundle is sent as soon as it holds this many requests."""
 
