@@ -347,3 +347,12 @@ async def test_a_call_past_its_deadline_leaves_nothing_behind(nats_client, dispa
     finally:
         batcher.hold.set()
         await batcher.stop()
+
+
+@pytest.mark.parametrize("bundles", [True, False])
+async def test_a_request_larger_than_a_bus_message_is_refused(dispatchers, bundles):
+    d = await dispatchers("gw-big", direct=True, bundles=bundles)
+    rows = 2 * (1 << 20) // (4 * 4)  # 2 MiB of FP32, over nats-server's 1 MiB default
+    with pytest.raises(InvalidArgument, match="max_payload"):
+        await _call(d, Route(model="fraud", stable="3"), rows=rows)
+    assert d.in_flight == 0

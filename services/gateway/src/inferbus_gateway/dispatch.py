@@ -40,7 +40,7 @@ from inferbus_common.bundles import (
 from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import Route
 from inferbus_common.codec import Buffer, Tensor
-from inferbus_common.errors import DeadlineExceeded, InferbusError, Unavailable
+from inferbus_common.errors import DeadlineExceeded, InferbusError, InvalidArgument, Unavailable
 from inferbus_common.loopmetrics import LoopCounter, LoopHistogram
 from inferbus_common.replies import error_from_fields
 from inferbus_common.subjects import Subjects
@@ -156,6 +156,7 @@ class _Call:
     request: BundledRequest
     parts: list[Buffer]
     key: str
+    size: int = 0
     token: int = 0
 
 
@@ -380,6 +381,12 @@ class Dispatcher:
             subject = self._subjects.route(model)
             version = ""
         if not self._bundles:
+            if sum(t.nbytes for t in tensors) > self._nc.max_payload - _BUNDLE_OVERHEAD:
+                raise InvalidArgument(
+                    f"the request's tensors are larger than a message on the platform's "
+                    f"bus may be ({self._nc.max_payload} bytes, nats-server max_payload); "
+                    "send fewer rows per request"
+                )
             return await self._call_single(
                 subject,
                 model,
@@ -395,6 +402,14 @@ class Dispatcher:
             )
         loop = asyncio.get_running_loop()
         parts = tensor_frame_parts(tensors)
+        size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+        limit = self._nc.max_payload - _BUNDLE_OVERHEAD
+        if size > limit:
+            raise InvalidArgument(
+                f"the request's tensors take {size} bytes, more than the {limit} bytes a "
+                "message on the platform's bus may carry (nats-server max_payload); send "
+                "fewer rows per request"
+            )
         call = _Call(
             loop.create_future(),
             BundledRequest(
@@ -411,6 +426,7 @@ class Dispatcher:
             ),
             parts,
             subject,
+            size,
         )
         rows = tensors[0].shape[0] if tensors and tensors[0].shape else 1
         lead = self._enqueue(call, model, version, rows, max_rows, window_s)
@@ -458,7 +474,7 @@ class Dispatcher:
         end of this loop turn (the subject is not busy), else None.
         """
         key = call.key
-        size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in call.parts)
+        size = call.size
         bundle = self._open.get(key)
         if bundle is not None and (
             bundle.nbytes + size > self._nc.max_payload - _BUNDLE_OVERHEAD
