@@ -264,9 +264,7 @@ async def test_a_subject_that_is_not_busy_never_waits(nats_client, dispatchers):
 
 async def test_a_saturated_gateway_collects_requests_for_the_window(nats_client, dispatchers):
     batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
-    # With 4 requests waiting (of the 32 that earn the whole window) a bundle waits
-    # an eighth of it: 0.4 s here.
-    d = await dispatchers("gw-w", direct=True, bundle_window_s=3.2, busy=lambda: True)
+    d = await dispatchers("gw-w", direct=True, bundle_window_s=0.4, busy=lambda: True)
     plain = Route(model="fraud", stable="3")
     try:
         calls = []

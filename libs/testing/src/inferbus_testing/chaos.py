@@ -782,9 +782,7 @@ async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultRepor
         duration_s=t_end - t_begin,
         retried=sum(1 for a in attempts if a.tries > 1),
         in_flight=len(caught),
-        in_flight_answered_s=(
-            round(max(a.end for a in caught) - t_struck, 3) if caught else None
-        ),
+        in_flight_answered_s=(round(max(a.end for a in caught) - t_struck, 3) if caught else None),
         alive=stack.alive(),
         samples=samples[:12],
     )

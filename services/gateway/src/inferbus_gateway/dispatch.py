@@ -52,10 +52,6 @@ log = logging.getLogger(__name__)
 _NATS_SUBJECT = "Nats-Subject"
 _BUNDLE_OVERHEAD = 4096
 """Bytes kept free under the bus's message size limit for a bundle's headers."""
-_FULL_WINDOW_AT = 32
-"""Requests waiting at the gateway from which a held bundle waits the whole window;
-with fewer, proportionally less (at least an eighth): a saturated gateway with few
-requests of its own in flight gains little from fuller bundles and pays the wait."""
 
 DUPLICATE_REPLIES = LoopCounter(
     "inferbus_gateway_duplicate_replies_total",
@@ -492,7 +488,6 @@ class Dispatcher:
                 # Saturated: requests queue in front of the loop anyway; collect a while.
                 HELD_BUNDLES.inc()
                 window = self._window_s if window_s is None else min(window_s, self._window_s)
-                window *= max(0.125, min(1.0, self._waiting / _FULL_WINDOW_AT))
                 bundle.timer = asyncio.get_running_loop().call_later(window, self._flush, key)
         bundle.calls.append(call)
         self._waiting += 1

@@ -112,9 +112,7 @@ class GatewaySettings(ServiceSettings):
     per request where CPU is what limits); otherwise a bundle holds what arrives in one
     event-loop turn and no request waits. 0: always collect; above 1: never."""
     bundle_window_us: int = Field(default=6000, ge=0, le=1_000_000)
-    """How long a bundle collects requests while the gateway is saturated, when 32 or
-    more requests wait at the gateway; with fewer, proportionally less (at least an
-    eighth of it)."""
+    """How long a bundle collects requests while the gateway is saturated."""
     bundle_max_requests: int = Field(default=256, ge=1, le=65535)
     """A bundle is sent as soon as it holds this many requests."""
 
