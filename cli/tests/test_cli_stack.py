@@ -263,11 +263,14 @@ def test_detached_stack_on_a_nats_cluster_is_supervised(tmp_path: Path) -> None:
         os.kill(node.pid, signal.SIGKILL)
 
         def restarted() -> bool:
+            # A service starting while the cluster elects leaders may exit once
+            # more and be restarted again: wait until everything runs.
             now = load_state(home)
             rows = {p.name: p for p in now.processes} if now else {}
-            return all(
-                rows[n].restarts == 1 and is_alive(rows[n].pid, rows[n].start_ticks)
-                for n in ("worker-1", "nats-2")
+            return (
+                rows["worker-1"].restarts >= 1
+                and rows["nats-2"].restarts >= 1
+                and all(is_alive(p.pid, p.start_ticks) for p in rows.values())
             )
 
         wait_for(restarted, 90, "the supervisor to restart worker-1 and nats-2")
@@ -276,7 +279,8 @@ def test_detached_stack_on_a_nats_cluster_is_supervised(tmp_path: Path) -> None:
         assert status.returncode == 0, status.stdout + status.stderr
         rows = {p["name"]: p for p in json.loads(status.stdout)["processes"]}
         assert rows["nats-2"]["restarts"] == 1 and rows["nats-2"]["alive"]
-        assert rows["worker-1"]["last_exit"] == "killed by SIGKILL"
+        assert rows["nats-2"]["last_exit"] == "killed by SIGKILL"
+        assert rows["worker-1"]["restarts"] >= 1 and rows["worker-1"]["alive"]
         log = (home / "logs" / "supervisor.log").read_text()
         assert "restarting worker-1" in log and "restarting nats-2" in log
 

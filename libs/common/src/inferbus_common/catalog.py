@@ -218,6 +218,15 @@ async def ensure_kv(js: JetStreamContext, bucket: str, *, history: int = 5) -> K
             return await js.key_value(bucket)
 
 
+# What JetStream answers while a stream has no leader (an election on a cluster).
+_NOT_ANSWERING = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.NoStreamResponseError,
+)
+
+
 class InitialValues:
     """Tells when a KV watcher has delivered every value its bucket held when it started.
 
@@ -266,6 +275,10 @@ class Catalog:
         subjects: naming scheme.
         heartbeat_max_age_s: a worker whose heartbeat is older is ignored.
         on_change: optional callback run after any update.
+        probe_interval_s: on a cluster, how often each watcher's consumer is
+            checked (see `_keep_watching`).
+        start_timeout_s: how long opening the buckets is retried while
+            JetStream does not answer (a leader election on a cluster).
     """
 
     def __init__(
@@ -276,12 +289,14 @@ class Catalog:
         heartbeat_max_age_s: float = 15.0,
         on_change: Callable[[], None] | None = None,
         probe_interval_s: float = 1.0,
+        start_timeout_s: float = 30.0,
     ) -> None:
         self._js = js
         self._subjects = subjects
         self._max_age = heartbeat_max_age_s
         self._on_change = on_change
         self._probe_interval_s = probe_interval_s
+        self._start_timeout_s = start_timeout_s
         self.versions: dict[tuple[str, str], DeployedVersion] = {}
         self.routes: dict[str, Route] = {}
         self.workers: dict[str, WorkerStatus] = {}
@@ -306,9 +321,29 @@ class Catalog:
         for bucket, apply in self._buckets():
             loaded = asyncio.Event()
             self._loaded.append(loaded)
-            await self._watch(bucket, apply, loaded)
+            await self._first_watch(bucket, apply, loaded)
         self._guard_task = asyncio.create_task(self._keep_watching())
         return self
+
+    async def _first_watch(
+        self, bucket: str, apply: Callable[[str, bytes | None], None], loaded: asyncio.Event
+    ) -> None:
+        """`_watch`, retried for `start_timeout_s` while JetStream cannot answer.
+
+        On a cluster that has just lost a node, a bucket's stream has no leader
+        for the few seconds of an election: its info request times out or finds
+        no responder. A service starting then waits instead of exiting.
+        """
+        deadline = asyncio.get_running_loop().time() + self._start_timeout_s
+        while True:
+            try:
+                await self._watch(bucket, apply, loaded)
+                return
+            except _NOT_ANSWERING as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                log.warning("catalog: bucket %s not available yet (%r); retrying", bucket, exc)
+                await asyncio.sleep(0.5)
 
     async def _watch(
         self, bucket: str, apply: Callable[[str, bytes | None], None], loaded: asyncio.Event
