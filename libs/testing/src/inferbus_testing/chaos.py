@@ -669,15 +669,38 @@ FAULTS: dict[str, Fault] = {
 """The fault matrix, in the order the report runs it."""
 
 
+async def _data_path_leaders(cluster: NatsCluster, stream: str) -> tuple[str, set[str]]:
+    """(leader of `stream`, leaders of the stream and of each of its consumers)."""
+    import nats
+
+    urls = [n.url for n in cluster.nodes if n.running]
+    nc = await nats.connect(urls, connect_timeout=2, allow_reconnect=False)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(stream)
+        consumers = await js.consumers_info(stream)
+    finally:
+        await nc.close()
+    assert info.cluster is not None and info.cluster.leader
+    leaders = {info.cluster.leader} | {c.cluster.leader for c in consumers if c.cluster}
+    return info.cluster.leader, leaders - {None, ""}
+
+
 async def _kill_node(stack: ChaosStack, *, leader: bool) -> None:
     """kill -9 the node that leads the work-queue stream (`leader`), or one that
-    does not; remembered in `killed_node` for the heal."""
+    leads neither the stream nor its consumers (when there is one); remembered in
+    `killed_node` for the heal."""
     from inferbus_common.subjects import Subjects
 
     assert isinstance(stack, ClusterChaosStack)
     cluster = stack.cluster
-    lead = await cluster.stream_leader(Subjects().batch_stream)
-    victim = lead if leader else next(n for n in cluster.nodes if n is not lead and n.running)
+    lead, busy = await _data_path_leaders(cluster, Subjects().batch_stream)
+    if leader:
+        victim = cluster.node(lead)
+    else:
+        idle = [n for n in cluster.nodes if n.server_name not in busy and n.running]
+        others = [n for n in cluster.nodes if n.server_name != lead and n.running]
+        victim = (idle or others)[0]
     stack.killed_node = cluster.nodes.index(victim)
     await asyncio.get_running_loop().run_in_executor(stack.spawner, victim.kill)
 
@@ -702,13 +725,13 @@ CLUSTER_FAULTS: dict[str, Fault] = {
     for f in [
         Fault(
             "kill-nats-node",
-            "kill -9 one of three NATS nodes (not the work queue's leader); "
-            "started again after the hold",
+            "kill -9 one of three NATS nodes (one that leads neither the work queue "
+            "nor its consumers); started again after the hold",
             _kill_follower_node,
             _blocking(_restart_killed_node),
             # Longer than a raft election (nats-server waits 4-9 s for a lost
             # leader), so the two nodes left must serve on their own.
-            hold_s=10.0,
+            hold_s=12.0,
         ),
         Fault(
             "kill-stream-leader",
@@ -716,7 +739,7 @@ CLUSTER_FAULTS: dict[str, Fault] = {
             "is elected); started again after the hold",
             _kill_batch_leader,
             _blocking(_restart_killed_node),
-            hold_s=10.0,
+            hold_s=12.0,
         ),
     ]
 }
@@ -768,7 +791,8 @@ class FaultReport:
     alive: dict[str, bool] = field(default_factory=dict)
     samples: list[str] = field(default_factory=list)
     first_ok_after_fault_s: float | None = None
-    """From the fault to the first correct answer to a request sent after it."""
+    """From the fault being in place (e.g. the kill done) to the first correct
+    answer to a request sent after it, before any heal."""
 
     @property
     def explicit(self) -> int:
@@ -830,6 +854,7 @@ async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultRepor
         t_fault = time.monotonic()
         before = [a for a in load.attempts if a.end <= t_fault]
         await fault.inject(stack)
+        t_broken = time.monotonic()  # the fault is in place (a kill has returned)
         await asyncio.sleep(fault.hold_s)
         await fault.heal(stack)
         t_heal = time.monotonic()
@@ -847,7 +872,7 @@ async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultRepor
     counts = collections.Counter(a.status for a in attempts)
     errors = {k: v for k, v in counts.items() if k not in ("OK", "WRONG", "HANG")}
     first_ok = [a.end for a in attempts if a.status == "OK" and a.end >= t_heal]
-    first_ok_after_fault = [a.end for a in attempts if a.status == "OK" and a.start >= t_fault]
+    first_ok_after_fault = [a.end for a in attempts if a.status == "OK" and a.start >= t_broken]
     bad_after = [a.start for a in attempts if a.status != "OK" and a.end >= t_fault]
     recovered: float | None
     if not _all_ok_since(attempts, t_end - shape.stable_s, t_end):
@@ -877,7 +902,7 @@ async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultRepor
         alive=stack.alive(),
         samples=samples[:12],
         first_ok_after_fault_s=(
-            round(min(first_ok_after_fault) - t_fault, 3) if first_ok_after_fault else None
+            round(min(first_ok_after_fault) - t_broken, 3) if first_ok_after_fault else None
         ),
     )
 
