@@ -165,6 +165,8 @@ class PodmanService:
             "[containers]\n"
             "# setrlimit is refused in some sandboxes; keep the engine's own limits.\n"
             "default_ulimits = []\n"
+            "# Logs in files (`podman logs`), not journald, which may not run.\n"
+            'log_driver = "k8s-file"\n'
             "[engine]\n"
             'cgroup_manager = "cgroupfs"\n'
             'runtime = "runc"\n'
