@@ -134,11 +134,18 @@ async def test_catalog_follows_a_bucket_whose_watcher_node_died(cluster: NatsClu
                 except (nats.errors.Error, nats.js.errors.Error):
                     assert time.monotonic() < deadline, "the bucket took no write"
                     await asyncio.sleep(0.2)
-            seen = await catalog.wait_for(lambda: catalog.workers["w1"].pid == n, 15.0)
-            took = time.monotonic() - t_kill
+            # The write needed the bucket's stream to have a leader again (an
+            # election of 4-9 s when the dead node led it); what is measured is
+            # how long after it the catalog has it.
+            t_write = time.monotonic()
+            seen = await catalog.wait_for(lambda: catalog.workers["w1"].pid == n, 20.0)
+            lag = time.monotonic() - t_write
             assert seen, "the catalog stopped following the bucket"
-            # Well before nats-py's own heartbeat-based reset (about 20 s here).
-            assert took < 8.0, f"the catalog saw the update {took:.1f} s after the node died"
+            # nats-py's own heartbeat-based reset comes about 20 s after the kill.
+            assert lag < 8.0, (
+                f"the catalog had the update {lag:.1f} s after it was written "
+                f"({t_write - t_kill:.1f} s after the node died)"
+            )
             assert nc.connected_url.port == connected  # no reconnect was involved
         finally:
             await catalog.__aexit__(None, None, None)
