@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what is missing (scripts/bootstrap.sh, scripts/bootstrap-llm.sh,
-# scripts/install-perf-analyzer.sh), then run the whole test suite.
+# scripts/install-perf-analyzer.sh, scripts/bootstrap-containers.sh), then run the
+# whole test suite.
 #
 #   scripts/test.sh [pytest arguments...]      e.g. scripts/test.sh -x -k catalog
 #
@@ -29,6 +30,11 @@ if [[ "${INFERBUS_SKIP_BOOTSTRAP:-0}" != "1" ]]; then
     if ! bash scripts/install-perf-analyzer.sh; then
         echo "[test] WARNING: scripts/install-perf-analyzer.sh failed; the perf_analyzer" \
             "test will be SKIPPED" >&2
+    fi
+    # Podman, runc, netavark and debootstrap for tests/containers (seconds when
+    # present). Without them those tests skip, so a failed install is loud, not fatal.
+    if ! bash scripts/bootstrap-containers.sh; then
+        echo "[test] WARNING: scripts/bootstrap-containers.sh failed; the container tests will be SKIPPED" >&2
     fi
 fi
 

@@ -9,13 +9,17 @@ from inferbus_cli.plan import (
     Ports,
     S3Options,
     UpOptions,
+    nats_node_spec,
     nats_spec,
+    pinned_spec,
     port_claims,
     process_names,
+    process_stages,
     redis_spec,
     redis_url,
     service_spec,
 )
+from inferbus_cli.supervisor import RestartPolicy
 
 ENDPOINTS = {
     "nats": "nats://127.0.0.1:14222",
@@ -144,3 +148,45 @@ def test_port_claims_cover_every_fixed_port(tmp_path: Path) -> None:
     assert by_port[8070] == "--registry-port"
     assert by_port[8032] == by_port[8033] == "--worker-metrics-port"
     assert 6379 not in {c.port for c in port_claims(UpOptions(home=tmp_path), with_redis=False)}
+
+
+def test_a_nats_cluster_starts_first_and_every_service_gets_every_node(tmp_path: Path) -> None:
+    options = UpOptions(home=tmp_path, nats_cluster=3)
+    assert process_stages(options, with_redis=False)[0] == ["nats-1", "nats-2", "nats-3"]
+    cluster_ports = [16222, 16223, 16224]
+    argv = nats_node_spec(options, "/bin/nats-server", 1, cluster_ports).argv
+    assert argv[argv.index("-p") + 1] == "4223"
+    assert argv[argv.index("-m") + 1] == "8223"
+    assert argv[argv.index("--server_name") + 1] == "nats-2"
+    assert argv[argv.index("--cluster") + 1] == "nats://127.0.0.1:16223"
+    routes = argv[argv.index("--routes") + 1].split(",")
+    assert routes == [f"nats://127.0.0.1:{p}" for p in cluster_ports]
+    assert argv[argv.index("-sd") + 1] == str(tmp_path / "nats" / "nats-2")
+    urls = "nats://127.0.0.1:4222,nats://127.0.0.1:4223,nats://127.0.0.1:4224"
+    env = service_spec(options, "router", {**ENDPOINTS, "nats": urls}).env
+    assert env["INFERBUS_ROUTER_NATS_URL"] == urls
+    assert env["INFERBUS_ROUTER_JETSTREAM_REPLICAS"] == "3"
+    single = service_spec(UpOptions(home=tmp_path), "router", ENDPOINTS).env
+    assert single["INFERBUS_ROUTER_JETSTREAM_REPLICAS"] == "1"
+    claimed = {c.port for c in port_claims(options, with_redis=False)}
+    assert {4222, 4223, 4224, 8222, 8223, 8224, 6222, 6223, 6224} <= claimed
+
+
+def test_a_restart_keeps_the_ports_the_process_had(tmp_path: Path) -> None:
+    options = UpOptions(home=tmp_path, ports=Ports(**dict.fromkeys(Ports.__dataclass_fields__, 0)))
+    gateway = service_spec(options, "gateway", ENDPOINTS)
+    assert gateway.env["INFERBUS_GATEWAY_GRPC_PORT"] == "0"
+    pinned = pinned_spec(gateway, {"grpc": 41001, "http": 41000, "metrics": 41002})
+    assert pinned.env["INFERBUS_GATEWAY_GRPC_PORT"] == "41001"
+    assert pinned.env["INFERBUS_GATEWAY_HTTP_PORT"] == "41000"
+    assert pinned.env["INFERBUS_GATEWAY_METRICS_PORT"] == "41002"
+    assert gateway.env["INFERBUS_GATEWAY_GRPC_PORT"] == "0", "the original spec is unchanged"
+    bound = {"client": 44222, "monitoring": 48222}
+    nats = pinned_spec(nats_spec(options, "/bin/nats-server"), bound)
+    assert nats.argv[nats.argv.index("-p") + 1] == "44222"
+    assert nats.argv[nats.argv.index("-m") + 1] == "48222"
+
+
+def test_restart_back_off_doubles_up_to_its_cap() -> None:
+    policy = RestartPolicy(initial_s=0.5, max_s=4.0)
+    assert [policy.delay(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]

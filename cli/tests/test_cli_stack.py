@@ -50,8 +50,16 @@ def recorded_pids(home: Path) -> list[tuple[int, int]]:
     return [(p.pid, p.start_ticks) for p in state.processes] if state else []
 
 
-def kill_leftovers(pids: list[tuple[int, int]]) -> None:
-    """Last-resort cleanup so a failing test never leaves services behind."""
+def kill_leftovers(pids: list[tuple[int, int]], home: Path | None = None) -> None:
+    """Last-resort cleanup so a failing test never leaves services behind.
+
+    With `home`, the stack's supervisor goes first (it would restart the rest).
+    """
+    state = load_state(home) if home is not None and (home / "state.json").exists() else None
+    if state is not None and state.supervisor_pid and state.supervisor_pid != os.getpid():
+        if is_alive(state.supervisor_pid):
+            os.kill(state.supervisor_pid, signal.SIGKILL)
+        pids = pids + [(p.pid, p.start_ticks) for p in state.processes]
     for pid, ticks in pids:
         if is_alive(pid, ticks):
             os.killpg(pid, signal.SIGKILL)
@@ -155,10 +163,10 @@ def test_detached_stack_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture
         rc, out, err = run_main(capsys, home, "status")
         assert rc == 1
     finally:
-        kill_leftovers(pids)
+        kill_leftovers(pids, home)
 
 
-def test_foreground_stack_reports_a_crash_and_stops_on_down(tmp_path: Path) -> None:
+def test_foreground_stack_restarts_a_crashed_service_and_stops_on_down(tmp_path: Path) -> None:
     home = tmp_path / "home"
     out = tmp_path / "up.out"
     with open(out, "wb") as sink:
@@ -194,10 +202,22 @@ def test_foreground_stack_reports_a_crash_and_stops_on_down(tmp_path: Path) -> N
         wait_for(lambda: "last lines of" in out.read_text(), 10, "the crash's log tail")
         report = out.read_text()
         assert f"router (pid {router.pid}) stopped: killed by SIGKILL" in report
+        # Started again after the first back-off, on the ports it had.
+        wait_for(lambda: "router up again" in out.read_text(), 60, "the router's restart")
+        state = load_state(home)
+        assert state is not None
+        again = next(p for p in state.processes if p.name == "router")
+        pids += [(again.pid, again.start_ticks)]
+        assert again.pid != router.pid and again.restarts == 1
+        assert again.last_exit == "killed by SIGKILL"
+        assert again.ports == router.ports
 
-        status = cli(home, "status")
-        assert status.returncode == 1
-        assert "DEAD" in status.stdout and "router" in status.stderr
+        status = cli(home, "status", "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        row = next(p for p in json.loads(status.stdout)["processes"] if p["name"] == "router")
+        assert row["alive"] and row["restarts"] == 1
+        table = cli(home, "status").stdout
+        assert "RESTARTS" in table and "crashed processes are restarted" in table
 
         # `down` asks the foreground supervisor to stop (SIGTERM), which stops
         # its children in reverse order and exits 1 since a service crashed.
@@ -214,3 +234,63 @@ def test_foreground_stack_reports_a_crash_and_stops_on_down(tmp_path: Path) -> N
             up.kill()
             up.wait()
         kill_leftovers(pids)
+
+
+def test_detached_stack_on_a_nats_cluster_is_supervised(tmp_path: Path) -> None:
+    """`up -d --nats-cluster 3`: three nodes, every service given all of them, and a
+    background supervisor that restarts a killed worker and a killed NATS node."""
+    home = tmp_path / "home"
+    up = cli(home, "up", "-d", "--free-ports", "--no-redis", "--nats-cluster", "3")
+    pids = recorded_pids(home)
+    state = load_state(home)
+    supervisor = state.supervisor_pid if state else 0
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "inferbus is up" in up.stdout and "supervised in the background" in up.stdout
+        assert state is not None and state.detached
+        assert supervisor not in (0, os.getpid()) and is_alive(supervisor)
+        names = [p.name for p in state.processes]
+        assert names[:3] == ["nats-1", "nats-2", "nats-3"]
+        urls = state.endpoints["nats"].split(",")
+        assert len(urls) == 3
+        worker = next(p for p in state.processes if p.name == "worker-1")
+        env = Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
+        assert f"INFERBUS_WORKER_NATS_URL={','.join(urls)}".encode() in env
+        assert b"INFERBUS_WORKER_JETSTREAM_REPLICAS=3" in env
+
+        os.kill(worker.pid, signal.SIGKILL)
+        node = next(p for p in state.processes if p.name == "nats-2")
+        os.kill(node.pid, signal.SIGKILL)
+
+        def restarted() -> bool:
+            # A service starting while the cluster elects leaders may exit once
+            # more and be restarted again: wait until everything runs.
+            now = load_state(home)
+            rows = {p.name: p for p in now.processes} if now else {}
+            return (
+                rows["worker-1"].restarts >= 1
+                and rows["nats-2"].restarts >= 1
+                and all(is_alive(p.pid, p.start_ticks) for p in rows.values())
+            )
+
+        wait_for(restarted, 90, "the supervisor to restart worker-1 and nats-2")
+        pids = recorded_pids(home)
+        status = cli(home, "status", "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        rows = {p["name"]: p for p in json.loads(status.stdout)["processes"]}
+        assert rows["nats-2"]["restarts"] == 1 and rows["nats-2"]["alive"]
+        assert rows["nats-2"]["last_exit"] == "killed by SIGKILL"
+        assert rows["worker-1"]["restarts"] >= 1 and rows["worker-1"]["alive"]
+        log = (home / "logs" / "supervisor.log").read_text()
+        assert "restarting worker-1" in log and "restarting nats-2" in log
+
+        down = cli(home, "down")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert "asking the background supervisor" in down.stdout
+        wait_for(lambda: not is_alive(supervisor), 30, "the supervisor to exit")
+        assert not any(is_alive(pid, ticks) for pid, ticks in pids)
+        assert not (home / "state.json").exists()
+    finally:
+        if supervisor and is_alive(supervisor):
+            os.kill(supervisor, signal.SIGKILL)
+        kill_leftovers(pids, home)

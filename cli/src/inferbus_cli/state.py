@@ -44,6 +44,10 @@ class ProcessRecord:
         log: file its stdout and stderr go to.
         ports: ports it bound, by role (``grpc``, ``http``, ``metrics``, ...).
         exit_code: set once the process is known to have exited.
+        restarts: times the supervisor has started it again after a crash.
+        last_exit: how its previous process ended (``killed by SIGKILL`` ...).
+        restarting_at: when the supervisor starts it again (unix seconds), after a
+            crash; 0 when no restart is pending.
     """
 
     name: str
@@ -53,6 +57,9 @@ class ProcessRecord:
     log: str = ""
     ports: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
+    restarts: int = 0
+    last_exit: str = ""
+    restarting_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -62,8 +69,9 @@ class StackState:
     Attributes:
         home: the stack's home directory.
         started_unix: wall-clock start time (seconds since the epoch).
-        detached: started with ``-d`` (no supervising CLI process).
-        supervisor_pid: pid of the foreground ``inferbus up`` (0 when detached).
+        detached: started with ``-d`` (the supervisor runs in the background).
+        supervisor_pid: pid of the process that supervises the stack: the
+            foreground ``inferbus up``, or the background supervisor of ``up -d``.
         processes: in start order; they are stopped in reverse.
         endpoints: addresses to call (``gateway_grpc``, ``gateway_http``,
             ``registry``, ``nats``, ``redis`` ...).

@@ -1,15 +1,21 @@
-"""Starting, probing and stopping the processes of a local stack.
+"""Starting, probing, restarting and stopping the processes of a local stack.
 
 Every process runs in its own session (``start_new_session``): a Ctrl-C in the
 terminal reaches only the CLI, which then stops the services in reverse start
-order, and with ``-d`` the services outlive the CLI. A process is "up" when its
-ports are known and it answers: NATS its ``/healthz`` with JetStream on, Redis a
+order. A process is "up" when its ports are known and it answers: NATS its
+``/healthz`` (with JetStream on; a cluster node once it is current), Redis a
 PING, a service its ``/readyz`` (and the gateway ``/v2/health/live``).
+
+`Stack.tend` is the supervisor's round: a process that exits is started again
+on the ports it had, after a back-off that doubles with each quick crash
+(`RestartPolicy`); `inferbus status` shows the restarts. With ``up -d`` the
+supervisor is a process of its own (see `inferbus_cli.commands.up`).
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import time
@@ -24,7 +30,9 @@ from inferbus_cli.plan import (
     UpOptions,
     find_nats_server,
     find_redis_server,
+    nats_node_spec,
     nats_spec,
+    pinned_spec,
     port_claims,
     process_stages,
     redis_spec,
@@ -49,6 +57,10 @@ from inferbus_cli.state import (
 POLL_S = 0.05
 #: After a service answers /readyz, how long to wait for it to say "ready".
 READY_GRACE_S = 5.0
+#: Cluster ports under --free-ports are drawn from here (below Linux's ephemeral
+#: range, which the OS uses for port 0), and drawn again when one is taken.
+_RANDOM_PORT_LOW, _RANDOM_PORT_HIGH = 10_000, 32_000
+_CLUSTER_PORT_ATTEMPTS = 8
 
 Say = Callable[[str], None]
 
@@ -73,6 +85,24 @@ class StartupError(Exception):
         self.log_tail = list(log_tail)
 
 
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """When a crashed process is started again.
+
+    The first restart waits `initial_s`; each further crash within `stable_s`
+    of the last start doubles the wait, up to `max_s`. A process that stayed up
+    for `stable_s` starts over at `initial_s`.
+    """
+
+    initial_s: float = 0.5
+    max_s: float = 30.0
+    stable_s: float = 60.0
+
+    def delay(self, streak: int) -> float:
+        """Seconds to wait before restart number `streak` (1-based) of a crash series."""
+        return min(self.max_s, self.initial_s * 2 ** max(0, streak - 1))
+
+
 @dataclass(slots=True)
 class Child:
     """A process this CLI started, its spec and what is known about it."""
@@ -80,6 +110,12 @@ class Child:
     spec: ProcessSpec
     popen: subprocess.Popen[bytes]
     record: ProcessRecord
+    started: float = 0.0
+    """When it was launched (monotonic)."""
+    streak: int = 0
+    """Crashes in the current series (see `RestartPolicy`)."""
+    due: float | None = None
+    """When it is to be started again (monotonic), once it has crashed."""
 
     def poll(self) -> int | None:
         """Exit status once it has exited (reaping it), else None."""
@@ -123,7 +159,7 @@ def launch(spec: ProcessSpec) -> Child:
         argv=spec.argv,
         log=str(spec.log),
     )
-    return Child(spec, popen, record)
+    return Child(spec, popen, record, started=time.monotonic())
 
 
 def _nats_ports(run_dir: Path, pid: int) -> dict[str, int] | None:
@@ -131,9 +167,13 @@ def _nats_ports(run_dir: Path, pid: int) -> dict[str, int] | None:
     for path in run_dir.glob(f"*_{pid}.ports"):
         data = read_ports_file(path)
         if data and data.get("nats") and data.get("monitoring"):
-            client = int(data["nats"][0].rsplit(":", 1)[1])
-            monitor = int(data["monitoring"][0].rsplit(":", 1)[1])
-            return {"client": client, "monitoring": monitor}
+            ports = {
+                "client": int(data["nats"][0].rsplit(":", 1)[1]),
+                "monitoring": int(data["monitoring"][0].rsplit(":", 1)[1]),
+            }
+            if data.get("cluster"):
+                ports["cluster"] = int(data["cluster"][0].rsplit(":", 1)[1])
+            return ports
     return None
 
 
@@ -142,7 +182,7 @@ def _probe(child: Child, run_dir: Path) -> dict[str, Any] | None:
     spec = child.spec
     if spec.kind == "nats":
         ports = _nats_ports(run_dir, child.popen.pid)
-        if ports and http_status(ports["monitoring"], "/healthz?js-enabled-only=true") == 200:
+        if ports and http_status(ports["monitoring"], spec.health_path) == 200:
             return ports
         return None
     if spec.kind == "redis":
@@ -253,12 +293,14 @@ class Stack:
         say: where progress messages go.
     """
 
-    def __init__(self, options: UpOptions, say: Say) -> None:
+    def __init__(self, options: UpOptions, say: Say, policy: RestartPolicy | None = None) -> None:
         self.options = options
         self.say = say
+        self.policy = policy or RestartPolicy()
         self.children: list[Child] = []
         self.endpoints: dict[str, str] = {}
         self.started_unix = time.time()
+        self._nats_urls: dict[str, str] = {}
 
     def preflight(self) -> tuple[str, str | None]:
         """Find the binaries and check every fixed port is free, before starting anything.
@@ -301,6 +343,9 @@ class Stack:
             d.mkdir(parents=True, exist_ok=True)
         try:
             for stage in process_stages(self.options, with_redis=redis_bin is not None):
+                if stage == self.options.nats_names and self.options.nats_cluster > 1:
+                    self._start_nats_cluster(nats_bin)
+                    continue
                 specs = []
                 for name in stage:
                     if name == "nats":
@@ -334,6 +379,42 @@ class Stack:
         except RuntimeError as exc:
             raise StartupError("llm-worker", str(exc)) from None
 
+    def _start_nats_cluster(self, binary: str) -> None:
+        """Start every NATS node at once; each is up once a quorum has formed.
+
+        Under --free-ports the cluster ports are drawn at random (every node
+        must know every node's route before it starts) and drawn again when a
+        node cannot bind one.
+        """
+        nodes = self.options.nats_cluster
+        for attempt in range(_CLUSTER_PORT_ATTEMPTS):
+            fixed = [self.options.ports.nats_node(i)[2] for i in range(nodes)]
+            if all(fixed):
+                cluster_ports = fixed
+            else:
+                base = random.randrange(_RANDOM_PORT_LOW, _RANDOM_PORT_HIGH - nodes)
+                cluster_ports = [base + i for i in range(nodes)]
+            specs = [nats_node_spec(self.options, binary, i, cluster_ports) for i in range(nodes)]
+            try:
+                self._start_stage(specs)
+                return
+            except StartupError as exc:
+                taken = any("address already in use" in line for line in exc.log_tail)
+                if all(fixed) or not taken or attempt == _CLUSTER_PORT_ATTEMPTS - 1:
+                    raise
+                self.say("  a cluster port was taken; trying others")
+                names = {s.name for s in specs}
+                for child in [c for c in self.children if c.spec.name in names]:
+                    stop_pid(
+                        child.spec.name,
+                        child.popen.pid,
+                        child.record.start_ticks,
+                        5.0,
+                        self.say,
+                        poll=child.poll,
+                    )
+                    self.children.remove(child)
+
     def _start_stage(self, specs: list[ProcessSpec]) -> None:
         """Launch every spec at once, then wait for each to be up."""
         children = []
@@ -351,9 +432,12 @@ class Stack:
 
     def _learn_endpoints(self, name: str, ports: dict[str, Any]) -> None:
         ep = self.endpoints
-        if name == "nats":
-            ep["nats"] = f"nats://127.0.0.1:{ports['client']}"
-            ep["nats_monitoring"] = f"http://127.0.0.1:{ports['monitoring']}"
+        if name == "nats" or name.startswith("nats-"):
+            # Every node's URL, in node order: what services and the CLI connect to.
+            self._nats_urls[name] = f"nats://127.0.0.1:{ports['client']}"
+            ep["nats"] = ",".join(self._nats_urls[n] for n in sorted(self._nats_urls))
+            if name in ("nats", "nats-1"):
+                ep["nats_monitoring"] = f"http://127.0.0.1:{ports['monitoring']}"
         elif name == "redis":
             ep["redis"] = ports.get("unix") or f"127.0.0.1:{ports['redis']}"
         elif name == "registry":
@@ -372,7 +456,7 @@ class Stack:
             home=str(self.options.home),
             started_unix=self.started_unix,
             detached=self.options.detached,
-            supervisor_pid=0 if self.options.detached else os.getpid(),
+            supervisor_pid=os.getpid(),
             processes=[c.record for c in self.children],
             endpoints=dict(self.endpoints),
         )
@@ -385,9 +469,69 @@ class Stack:
                 out.append(child)
         return out
 
+    def tend(self, restart: bool = True) -> tuple[list[Child], list[Child]]:
+        """One supervisor round: note crashes, start again those whose back-off is over.
+
+        A restarted process gets the ports it had, so clients and the other
+        services find it where it was. A restart that fails to come up counts
+        as one more crash of the series.
+
+        Args:
+            restart: schedule restarts (False: only report crashes).
+
+        Returns:
+            (children that crashed since the last round, children restarted in this one).
+        """
+        now = time.monotonic()
+        crashed = self.crashed()
+        for child in crashed:
+            if not restart:
+                continue
+            stable = now - child.started >= self.policy.stable_s
+            child.streak = 1 if stable else child.streak + 1
+            delay = self.policy.delay(child.streak)
+            child.due = now + delay
+            child.record.restarting_at = time.time() + delay
+        restarted = []
+        for i, child in enumerate(self.children):
+            if child.due is None or now < child.due:
+                continue
+            fresh = self._relaunch(child)
+            self.children[i] = fresh
+            if fresh.record.exit_code is None:
+                restarted.append(fresh)
+        return crashed, restarted
+
+    def _relaunch(self, old: Child) -> Child:
+        """Start `old`'s process again on its ports; a failed start is scheduled again."""
+        spec = pinned_spec(old.spec, old.record.ports)
+        self.say(f"  restarting {spec.name} (restart {old.record.restarts + 1})")
+        child = launch(spec)
+        child.streak = old.streak
+        child.record.restarts = old.record.restarts + 1
+        child.record.last_exit = describe_exit(old.record.exit_code or 0)
+        try:
+            ports = wait_up(child, self.options.run_dir, self.options.timeout_s, self.say)
+        except StartupError as exc:
+            self.say(f"  {spec.name} did not come back: {exc.reason}")
+            stop_pid(
+                spec.name, child.popen.pid, child.record.start_ticks, 5.0, self.say, child.poll
+            )
+            child.poll()  # reaps it and records its exit code: not reported as a new crash
+            child.streak += 1
+            delay = self.policy.delay(child.streak)
+            child.due = time.monotonic() + delay
+            child.record.restarting_at = time.time() + delay
+            child.record.ports = old.record.ports
+            return child
+        child.record.ports = ports
+        self.say(f"  {spec.name} up again (pid {child.popen.pid})")
+        return child
+
     def stop(self, timeout_s: float = 15.0) -> None:
         """Stop every child in reverse start order (SIGTERM, then SIGKILL)."""
         for child in reversed(self.children):
+            child.due = None
             if child.popen.poll() is not None:
                 child.record.exit_code = child.popen.returncode
                 continue

@@ -33,10 +33,12 @@ def run(args: argparse.Namespace) -> int:
         _say(f"nothing is running from {home} (no state.json)")
         return 0
     timeout = args.timeout
-    # A foreground `inferbus up` stops its own children in order when told to;
-    # let it, then sweep whatever is left.
+    # The supervisor (a foreground `inferbus up`, or the background one of
+    # `up -d`) stops its children in order when told to; let it, then sweep
+    # whatever is left.
     if state.supervisor_pid and is_alive(state.supervisor_pid):
-        _say(f"  asking the foreground `inferbus up` (pid {state.supervisor_pid}) to stop")
+        where = "background supervisor" if state.detached else "foreground `inferbus up`"
+        _say(f"  asking the {where} (pid {state.supervisor_pid}) to stop")
         signal_process(state.supervisor_pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout * max(1, len(state.processes))
         while is_alive(state.supervisor_pid) and time.monotonic() < deadline:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 import grpc
@@ -26,8 +27,13 @@ RPC_TIMEOUT_S = 3.0
 
 
 def process_rows(state: StackState) -> list[dict[str, Any]]:
-    """One dict per process: name, pid, alive, ports, log and, when dead, a hint."""
+    """One dict per process: name, pid, alive, ports, log, restarts and, when dead, a hint.
+
+    ``restarting_in_s`` is set while the supervisor waits to start a crashed
+    process again; ``last_exit`` says how the process before the last restart ended.
+    """
     rows = []
+    supervised = bool(state.supervisor_pid) and is_alive(state.supervisor_pid)
     for proc in state.processes:
         alive = is_alive(proc.pid, proc.start_ticks)
         row: dict[str, Any] = {
@@ -36,9 +42,14 @@ def process_rows(state: StackState) -> list[dict[str, Any]]:
             "alive": alive,
             "ports": proc.ports,
             "log": proc.log,
+            "restarts": proc.restarts,
+            "last_exit": proc.last_exit,
         }
         if not alive:
             hint = describe_exit(proc.exit_code) if proc.exit_code is not None else "not running"
+            if supervised and proc.restarting_at:
+                row["restarting_in_s"] = round(max(0.0, proc.restarting_at - time.time()), 1)
+                hint += f"; restarting in {row['restarting_in_s']:g}s"
             tail = last_log_lines(proc.log, 1)
             row["hint"] = hint + (f"; last log line: {tail[0]}" if tail else "")
         rows.append(row)
@@ -89,6 +100,12 @@ def model_rows(state: StackState) -> tuple[list[dict[str, Any]], list[str]]:
     return rows, errors
 
 
+def _state_text(row: dict[str, Any]) -> str:
+    if row["alive"]:
+        return "alive"
+    return "RESTARTING" if "restarting_in_s" in row else "DEAD"
+
+
 def _ports_text(ports: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in ports.items()) or "-"
 
@@ -135,12 +152,18 @@ def run(args: argparse.Namespace) -> int:
         [
             p["name"],
             p["pid"],
-            "alive" if p["alive"] else "DEAD",
+            _state_text(p),
+            p["restarts"] or "-",
             _ports_text(p["ports"]) if p["alive"] else _shorten(p.get("hint", "")),
         ]
         for p in procs
     ]
-    print(format_table(["PROCESS", "PID", "STATE", "PORTS"], rows))
+    print(format_table(["PROCESS", "PID", "STATE", "RESTARTS", "PORTS"], rows))
+    who = "in the foreground" if not state.detached else "in the background"
+    if state.supervisor_pid and is_alive(state.supervisor_pid):
+        print(f"supervisor: pid {state.supervisor_pid} ({who}); crashed processes are restarted")
+    else:
+        print("supervisor: not running (crashed processes stay down)")
     print()
     if models:
         mrows = [

@@ -1,10 +1,19 @@
-"""``inferbus up``: start NATS, Redis and every service on 127.0.0.1."""
+"""``inferbus up``: start NATS, Redis and every service on 127.0.0.1, and supervise them.
+
+In the foreground the CLI process is the supervisor. With ``-d`` it starts the
+supervisor as a background process of its own (``up ... --supervisor``,
+output in ``<home>/logs/supervisor.log``), relays its start-up and returns once
+the stack is up; ``inferbus down`` stops the supervisor, which stops the rest.
+Either way a service that crashes is started again (`supervisor.Stack.tend`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,6 +53,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         "worker_metrics": args.worker_metrics_port,
         "registry_grpc": args.registry_port,
         "registry_metrics": args.registry_metrics_port,
+        "nats_cluster": args.nats_cluster_port,
     }
     ports = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
     return UpOptions(
@@ -64,6 +74,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         timeout_s=args.timeout,
         log_level=args.log_level,
         llm_python=None if getattr(args, "no_llm", False) else find_vllm_python(),
+        nats_cluster=args.nats_cluster,
     )
 
 
@@ -121,10 +132,13 @@ def _report_crash(child: Child) -> None:
         _err(f"--- last lines of {child.spec.log}:")
         for line in lines:
             _err(f"    {line}")
+    if child.due is not None:
+        wait = max(0.0, child.record.restarting_at - time.time())
+        _err(f"  restarting {child.spec.name} in {wait:.1f}s")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Start the stack; with ``-d`` return once it is up, else supervise it."""
+    """Start the stack and supervise it; with ``-d`` the supervisor runs in the background."""
     options = options_from_args(args)
     home = options.home
     try:
@@ -141,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
             )
             return 1
         remove_state(home)
+    if options.detached and not args.supervisor:
+        return _run_detached(options, args.argv)
 
     _say(f"inferbus: starting a local stack in {home}")
     stack = Stack(options, _say)
@@ -166,26 +182,129 @@ def run(args: argparse.Namespace) -> int:
         try:
             state = stack.state()
             save_state(home, state)
-            _say("inferbus is up:")
+            _say(READY_LINE)
             for line in endpoint_lines(state):
                 _say(line)
             if options.detached:
-                _say(f"stop it with: inferbus down --home {home}")
-                return 0
-            _say("press Ctrl-C to stop")
+                _say(f"supervising (pid {os.getpid()}); stop with: inferbus down --home {home}")
+            else:
+                _say("press Ctrl-C to stop")
         except KeyboardInterrupt:
-            if not options.detached:
-                stack.stop()
-                remove_state(home)
+            stack.stop()
+            remove_state(home)
             _err("interrupted")
             return 130
-        return _supervise(stack, home)
+        return _supervise(stack, home, restart=not args.no_restart)
     finally:
         signal.signal(signal.SIGTERM, previous_term)
 
 
-def _supervise(stack: Stack, home: Path) -> int:
-    """Watch the children until Ctrl-C/SIGTERM; report every crash; then stop all."""
+#: Printed once the state is saved; `_run_detached` relays the supervisor's output up to it.
+READY_LINE = "inferbus is up:"
+
+
+def _run_detached(options: UpOptions, command: list[str]) -> int:
+    """Start the supervisor in the background, relay its start-up, return once it is up.
+
+    Args:
+        options: what to start.
+        command: this ``up -d`` command line; the supervisor runs the same
+            with ``--supervisor`` (and the home made absolute).
+    """
+    home = options.home
+    options.logs_dir.mkdir(parents=True, exist_ok=True)
+    log_path = options.logs_dir / "supervisor.log"
+    argv = [sys.executable, "-m", "inferbus_cli", *command, "--home", str(home), "--supervisor"]
+    with open(log_path, "ab") as log:
+        offset = log.tell()
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    relay = _LogRelay(log_path, offset)
+    # Each process has its own start-up timeout in the supervisor; this only
+    # guards against a supervisor that hangs.
+    deadline = time.monotonic() + options.timeout_s * 6 + 60
+    try:
+        while True:
+            relay.pump()
+            code = child.poll()
+            if code is not None:
+                relay.pump(final=True)
+                _err(f"error: the supervisor exited ({describe_exit(code)}); log: {log_path}")
+                return code or 1
+            state = _ready_state(home, child.pid)
+            if state is not None:
+                relay.pump()
+                break
+            if time.monotonic() > deadline:
+                child.terminate()
+                _err(f"error: the stack did not come up; log: {log_path}")
+                return 1
+            time.sleep(WATCH_INTERVAL_S)
+    except KeyboardInterrupt:
+        # The supervisor stops what it had started on SIGTERM.
+        child.terminate()
+        child.wait()
+        _err("interrupted; stopped what had started")
+        return 130
+    _say(READY_LINE)
+    for line in endpoint_lines(state):
+        _say(line)
+    _say(
+        f"supervised in the background (pid {child.pid}): crashed services are restarted; "
+        f"log {log_path}"
+    )
+    _say(f"stop it with: inferbus down --home {home}")
+    return 0
+
+
+def _ready_state(home: Path, supervisor_pid: int) -> StackState | None:
+    """The state the background supervisor saved once everything was up, if it has."""
+    try:
+        state = load_state(home)
+    except ValueError:
+        return None
+    if state is None or state.supervisor_pid != supervisor_pid:
+        return None
+    return state
+
+
+class _LogRelay:
+    """Prints what the background supervisor writes to its log, up to `READY_LINE`."""
+
+    def __init__(self, path: Path, offset: int) -> None:
+        self.path = path
+        self.offset = offset
+        self.partial = ""
+        self.done = False
+        self.errors = False
+
+    def pump(self, final: bool = False) -> None:
+        if self.done:
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        text = self.partial + data.decode("utf-8", errors="replace")
+        lines = text.split("\n")
+        self.partial = "" if final else lines.pop()
+        for line in lines:
+            if line == READY_LINE:
+                self.done = True
+                return
+            if line.startswith("error:"):
+                self.errors = True
+            if line:
+                (_err if self.errors else _say)(line)
+
+
+def _supervise(stack: Stack, home: Path, *, restart: bool = True) -> int:
+    """Watch the children until Ctrl-C/SIGTERM; report and restart every crash; then stop all."""
     stopping: list[int] = []
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
@@ -198,13 +317,13 @@ def _supervise(stack: Stack, home: Path) -> int:
     crashed = 0
     try:
         while not stopping:
-            dead = stack.crashed()
+            dead, back = stack.tend(restart=restart)
             for child in dead:
                 _report_crash(child)
                 crashed += 1
-            if dead:
+            if dead or back:
                 save_state(home, stack.state())
-                if all(c.record.exit_code is not None for c in stack.children):
+                if all(c.record.exit_code is not None and c.due is None for c in stack.children):
                     _err("error: every process has stopped")
                     break
             time.sleep(WATCH_INTERVAL_S)

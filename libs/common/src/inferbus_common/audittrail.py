@@ -31,6 +31,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
+from inferbus_common.bus import replicas_of
 from inferbus_common.capture import CapturedRequest, decode_capture
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import FrameError
@@ -45,6 +46,7 @@ def audit_stream_config(
     max_bytes: int,
     storage: str = "file",
     max_msg_bytes: int = -1,
+    replicas: int = 1,
 ) -> StreamConfig:
     """The audit stream's configuration (limits retention, oldest discarded first)."""
     return StreamConfig(
@@ -58,6 +60,7 @@ def audit_stream_config(
         max_msg_size=max_msg_bytes,
         # The server refuses a duplicate window longer than the retention.
         duplicate_window=min(120.0, max_age_s) if max_age_s > 0 else 120.0,
+        num_replicas=replicas,
     )
 
 
@@ -71,6 +74,9 @@ async def ensure_audit_stream(
     max_msg_bytes: int = -1,
 ) -> None:
     """Create the audit stream, or bring its retention limits to these values.
+
+    It gets the replica count of the connection (`inferbus_common.bus.replicas_of`);
+    an existing stream with fewer replicas is raised to it.
 
     Args:
         js: JetStream context.
@@ -86,6 +92,7 @@ async def ensure_audit_stream(
         max_bytes=max_bytes,
         storage=storage,
         max_msg_bytes=max_msg_bytes,
+        replicas=replicas_of(js),
     )
     try:
         info = await js.stream_info(subjects.audit_stream)
@@ -102,10 +109,12 @@ async def ensure_audit_stream(
         (current.max_age or 0) != (config.max_age or 0)
         or current.max_bytes != config.max_bytes
         or current.max_msg_size != config.max_msg_size
+        or (current.num_replicas or 1) < (config.num_replicas or 1)
     ):
         current.max_age = config.max_age
         current.max_bytes = config.max_bytes
         current.max_msg_size = config.max_msg_size
+        current.num_replicas = max(current.num_replicas or 1, config.num_replicas or 1)
         current.duplicate_window = config.duplicate_window
         await js.update_stream(current)
         log.info("audit stream %s limits updated", subjects.audit_stream)

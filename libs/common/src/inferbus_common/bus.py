@@ -1,4 +1,9 @@
-"""Connecting to NATS and creating the JetStream objects the platform uses."""
+"""Connecting to NATS and creating the JetStream objects the platform uses.
+
+A connection may list several servers (a NATS cluster) and carries the replica
+count of the streams and KV buckets created through it (`replicas_of`); see
+docs/architecture.md ("Running on a NATS cluster").
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import weakref
 
 import nats
 import nats.errors
@@ -19,6 +25,27 @@ from inferbus_common import security
 from inferbus_common.subjects import Subjects
 
 log = logging.getLogger(__name__)
+
+# Replica count of the JetStream objects each connection creates (see `connect`).
+_replicas: weakref.WeakKeyDictionary[Client, int] = weakref.WeakKeyDictionary()
+
+
+def server_urls(url: str) -> list[str]:
+    """The servers of a comma-separated URL list (``nats://a:4222,nats://b:4222``).
+
+    Raises:
+        ValueError: the list names no server.
+    """
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ValueError(f"no NATS server in {url!r}")
+    return servers
+
+
+def replicas_of(conn: Client | JetStreamContext) -> int:
+    """Replicas for a stream or KV bucket created through this connection (1 by default)."""
+    nc = conn._nc if isinstance(conn, JetStreamContext) else conn  # nats-py has no public handle
+    return _replicas.get(nc, 1)
 
 
 NO_STREAM_ERRORS: tuple[type[Exception], ...] = (
@@ -48,23 +75,37 @@ async def connect(
     password: str = "",
     user_credentials: str = "",
     tls_ca_file: str = "",
+    jetstream_replicas: int = 1,
 ) -> Client:
     """Connect to NATS with reconnects forever (a platform service never gives up).
 
+    With several servers the client starts at a random one and, when its
+    server goes away, reconnects to another; the subscriptions follow it.
+
     Args:
-        url: server URL(s); ``tls://`` for TLS.
+        url: server URL, or several separated by commas (the nodes of a
+            cluster); ``tls://`` for TLS.
         name: connection name shown by the server.
         user, password: NATS user (its inbox prefix becomes ``_INBOX_<user>``,
             which the broker lets only that user read; see `security`).
         user_credentials: NKEY/JWT credentials file, instead of user and password.
         tls_ca_file: CA bundle for a ``tls://`` server.
+        jetstream_replicas: replicas of the streams and KV buckets that
+            `ensure_batch_stream`, `ensure_audit_stream` and
+            `inferbus_common.catalog.ensure_kv` create through this connection
+            (3 on a three-node cluster: each then survives the loss of a node).
     """
+    servers = server_urls(url)
+
+    nc: Client | None = None
 
     async def _disconnected() -> None:
         log.warning("nats disconnected", extra={"nats_url": url})
 
     async def _reconnected() -> None:
-        log.info("nats reconnected", extra={"nats_url": url})
+        server = nc.connected_url if nc is not None else None
+        where = f"{server.hostname}:{server.port}" if server is not None else "?"
+        log.info("nats reconnected to %s", where, extra={"nats_url": url})
 
     async def _error(exc: Exception) -> None:
         log.warning("nats error: %s", exc)
@@ -74,11 +115,11 @@ async def connect(
         extra.update(user=user, password=password, inbox_prefix=security.inbox_prefix(user))
     if user_credentials:
         extra["user_credentials"] = user_credentials
-    if tls_ca_file or url.startswith("tls://"):
+    if tls_ca_file or any(s.startswith("tls://") for s in servers):
         extra["tls"] = ssl.create_default_context(cafile=tls_ca_file or None)
 
-    return await nats.connect(
-        url,
+    nc = await nats.connect(
+        servers,
         name=name,
         connect_timeout=connect_timeout,
         max_reconnect_attempts=-1,
@@ -90,6 +131,8 @@ async def connect(
         pending_size=64 * 1024 * 1024,
         **extra,
     )
+    _replicas[nc] = jetstream_replicas
+    return nc
 
 
 async def ensure_batch_stream(
@@ -112,9 +155,11 @@ async def ensure_batch_stream(
 
     The batchers own the stream's limits (``reconcile=True``): whoever created
     it (a worker that started first creates it with the defaults), a batcher
-    sets ``max_bytes`` and ``max_msgs_per_subject`` to its own settings. Storage cannot change in
-    place; a mismatch is logged with what to do.
+    sets ``max_bytes`` and ``max_msgs_per_subject`` to its own settings, and
+    raises its replicas to the connection's (`replicas_of`). Storage cannot
+    change in place; a mismatch is logged with what to do.
     """
+    replicas = replicas_of(js)
     config = StreamConfig(
         name=subjects.batch_stream,
         subjects=[subjects.batch_all],
@@ -126,6 +171,7 @@ async def ensure_batch_stream(
         max_msgs_per_subject=max_msgs_per_subject,
         discard_new_per_subject=True,
         duplicate_window=120.0,
+        num_replicas=replicas,
     )
     try:
         info = await js.stream_info(subjects.batch_stream)
@@ -150,15 +196,22 @@ async def ensure_batch_stream(
             subjects.batch_stream,
         )
     # The bounds the batcher has settings for; others (max_msgs) are left as found.
-    if (have.max_bytes, have.max_msgs_per_subject) != (max_bytes, max_msgs_per_subject):
+    # Replicas only ever go up here: fewer would be a choice for an operator.
+    have_replicas = have.num_replicas or 1
+    if (have.max_bytes, have.max_msgs_per_subject) != (
+        max_bytes,
+        max_msgs_per_subject,
+    ) or have_replicas < replicas:
         have.max_bytes = max_bytes
         have.max_msgs_per_subject = max_msgs_per_subject
+        have.num_replicas = max(have_replicas, replicas)
         await js.update_stream(have)
         log.info(
-            "work-queue stream %s limits set to max_bytes=%d max_msgs_per_subject=%d",
+            "work-queue stream %s limits set to max_bytes=%d max_msgs_per_subject=%d replicas=%d",
             subjects.batch_stream,
             max_bytes,
             max_msgs_per_subject,
+            have.num_replicas,
         )
 
 

@@ -30,6 +30,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, Field, ValidationError
 
+from inferbus_common.bus import replicas_of
 from inferbus_common.errors import FailedPrecondition, InferbusError, Unavailable
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.modelstats import ModelStats
@@ -252,14 +253,29 @@ def pool_admission(pool: str, workers: list[WorkerStatus], spec: PoolSpec | None
 
 
 async def ensure_kv(js: JetStreamContext, bucket: str, *, history: int = 5) -> KeyValue:
-    """Open a KV bucket, creating it when it does not exist yet."""
+    """Open a KV bucket, creating it when it does not exist yet.
+
+    A new bucket gets the replica count of the connection
+    (`inferbus_common.bus.replicas_of`); an existing one keeps its own.
+    """
     try:
         return await js.key_value(bucket)
     except nats.js.errors.BucketNotFoundError:
         try:
-            return await js.create_key_value(bucket=bucket, history=history)
+            return await js.create_key_value(
+                bucket=bucket, history=history, replicas=replicas_of(js)
+            )
         except nats.js.errors.BadRequestError:
             return await js.key_value(bucket)
+
+
+# What JetStream answers while a stream has no leader (an election on a cluster).
+_NOT_ANSWERING = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.NoStreamResponseError,
+)
 
 
 class InitialValues:
@@ -310,6 +326,10 @@ class Catalog:
         subjects: naming scheme.
         heartbeat_max_age_s: a worker whose heartbeat is older is ignored.
         on_change: optional callback run after any update.
+        probe_interval_s: on a cluster, how often each watcher's consumer is
+            checked (see `_keep_watching`).
+        start_timeout_s: how long opening the buckets is retried while
+            JetStream does not answer (a leader election on a cluster).
     """
 
     def __init__(
@@ -319,17 +339,24 @@ class Catalog:
         *,
         heartbeat_max_age_s: float = 15.0,
         on_change: Callable[[], None] | None = None,
+        probe_interval_s: float = 1.0,
+        start_timeout_s: float = 30.0,
     ) -> None:
         self._js = js
         self._subjects = subjects
         self._max_age = heartbeat_max_age_s
         self._on_change = on_change
+        self._probe_interval_s = probe_interval_s
+        self._start_timeout_s = start_timeout_s
         self.versions: dict[tuple[str, str], DeployedVersion] = {}
         self.routes: dict[str, Route] = {}
         self.workers: dict[str, WorkerStatus] = {}
         self.pools: dict[str, PoolSpec] = {}
-        self._tasks: list[asyncio.Task[None]] = []
-        self._rewatch_task: asyncio.Task[None] | None = None
+        # bucket -> (its watcher, the task following it)
+        self._watches: dict[str, tuple[KeyValue.KeyWatcher, asyncio.Task[None]]] = {}
+        # Tasks of replaced watchers, still stopping them.
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._guard_task: asyncio.Task[None] | None = None
         self._loaded: list[asyncio.Event] = []
         self._changed = asyncio.Condition()
 
@@ -343,63 +370,123 @@ class Catalog:
 
     async def __aenter__(self) -> Catalog:
         for bucket, apply in self._buckets():
-            kv = await ensure_kv(self._js, bucket)
             loaded = asyncio.Event()
             self._loaded.append(loaded)
-            watcher, initial = await InitialValues.watch(kv)
-            self._tasks.append(asyncio.create_task(self._follow(watcher, apply, loaded, initial)))
-        self._rewatch_task = asyncio.create_task(self._rewatch_on_reconnect())
+            await self._first_watch(bucket, apply, loaded)
+        self._guard_task = asyncio.create_task(self._keep_watching())
         return self
 
-    async def _rewatch_on_reconnect(self) -> None:
-        """Watch every bucket afresh after NATS reconnected.
+    async def _first_watch(
+        self, bucket: str, apply: Callable[[str, bytes | None], None], loaded: asyncio.Event
+    ) -> None:
+        """`_watch`, retried for `start_timeout_s` while JetStream cannot answer.
 
-        A watcher is an ephemeral ordered consumer; a restarted nats-server
-        no longer has it, and nats-py notices only after two missed idle
-        heartbeats (10-20 s). Meanwhile worker heartbeats seemed to stop and
-        every version looked unserved ("no worker"). A new watcher replays
-        the current value of every key, so nothing missed stays missed.
+        On a cluster that has just lost a node, a bucket's stream has no leader
+        for the few seconds of an election: its info request times out or finds
+        no responder. A service starting then waits instead of exiting.
+        """
+        deadline = asyncio.get_running_loop().time() + self._start_timeout_s
+        while True:
+            try:
+                await self._watch(bucket, apply, loaded)
+                return
+            except _NOT_ANSWERING as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                log.warning("catalog: bucket %s not available yet (%r); retrying", bucket, exc)
+                await asyncio.sleep(0.5)
+
+    async def _watch(
+        self, bucket: str, apply: Callable[[str, bytes | None], None], loaded: asyncio.Event
+    ) -> None:
+        """Watch `bucket` (afresh), replacing the watch it had."""
+        kv = await ensure_kv(self._js, bucket)
+        watcher, initial = await InitialValues.watch(kv)
+        task = asyncio.create_task(self._follow(watcher, apply, loaded, initial))
+        old = self._watches.get(bucket)
+        self._watches[bucket] = (watcher, task)
+        if old is not None:
+            # Its task stops the old watcher on the way out (bounded, but a
+            # dead node can make that take seconds: not waited for here).
+            old[1].cancel()
+            self._retiring.add(old[1])
+            old[1].add_done_callback(self._retiring.discard)
+
+    async def _watch_lost(self, watcher: KeyValue.KeyWatcher) -> bool:
+        """Whether the server no longer serves this watcher's consumer.
+
+        A watcher is an ephemeral consumer with one replica, on one node of a
+        cluster. When that node dies the client stays connected to its own
+        node and nats-py notices only after two missed idle heartbeats (10-20
+        s), meanwhile worker heartbeats seemed to stop. Asking for the
+        consumer's info tells within a second: no answer, or no consumer.
+        """
+        try:
+            # KeyWatcher keeps its subscription private; nats-py has no public handle.
+            await asyncio.wait_for(watcher._sub.consumer_info(), self._probe_interval_s)
+        except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            return True
+        except nats.js.errors.NotFoundError:
+            return True
+        except (nats.errors.Error, nats.js.errors.Error, OSError):
+            return False  # not a verdict on the consumer (e.g. a reconnect under way)
+        return False
+
+    async def _keep_watching(self) -> None:
+        """Watch a bucket afresh whenever its watcher may have lost its consumer.
+
+        After a reconnect every bucket is watched again: a restarted
+        nats-server no longer has the watchers' consumers. On a cluster (the
+        client knows more than one server) each watcher's consumer is also
+        probed every `probe_interval_s`, and a bucket whose consumer is gone
+        (its node died) is watched again at once. A new watcher replays the
+        current value of every key, so nothing missed stays missed.
         """
         nc = self._js._nc  # the JetStream context's connection (nats-py has no public handle)
         seen = nc.stats.get("reconnects", 0)
+        next_probe = asyncio.get_running_loop().time() + self._probe_interval_s
         while True:
             await asyncio.sleep(0.25)
-            now = nc.stats.get("reconnects", 0)
-            if now == seen or not nc.is_connected:
+            if not nc.is_connected:
                 continue
-            fresh: list[asyncio.Task[None]] = []
+            now = nc.stats.get("reconnects", 0)
+            lost: list[str] = []
+            why = ""
+            if now != seen:
+                lost, why = [b for b, _ in self._buckets()], "a NATS reconnect"
+            elif len(nc.servers) > 1 and asyncio.get_running_loop().time() >= next_probe:
+                next_probe = asyncio.get_running_loop().time() + self._probe_interval_s
+                for bucket, (watcher, _task) in list(self._watches.items()):
+                    if await self._watch_lost(watcher):
+                        lost.append(bucket)
+                why = "its consumer was lost (a NATS node went away)"
+            if not lost:
+                continue
             try:
                 for bucket, apply in self._buckets():
-                    watcher, initial = await InitialValues.watch(await ensure_kv(self._js, bucket))
-                    fresh.append(
-                        asyncio.create_task(self._follow(watcher, apply, asyncio.Event(), initial))
-                    )
+                    if bucket in lost:
+                        await self._watch(bucket, apply, asyncio.Event())
             except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
-                for task in fresh:
-                    task.cancel()
-                log.warning("catalog: re-watch after reconnect failed (%s); retrying", exc)
+                log.warning("catalog: re-watch failed (%s); retrying", exc)
                 continue
             seen = now
-            old, self._tasks = self._tasks, fresh
-            for task in old:
-                task.cancel()
-            await asyncio.wait(old, timeout=5.0)
-            log.info("catalog: watching every bucket again after a NATS reconnect")
+            log.info("catalog: watching %s again after %s", ", ".join(lost), why)
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._rewatch_task is not None:
-            self._rewatch_task.cancel()
-            await asyncio.wait([self._rewatch_task], timeout=5.0)
-            self._rewatch_task = None
-        for task in self._tasks:
+        if self._guard_task is not None:
+            self._guard_task.cancel()
+            await asyncio.wait([self._guard_task], timeout=5.0)
+            self._guard_task = None
+        tasks = [task for _watcher, task in self._watches.values()] + list(self._retiring)
+        for task in tasks:
             task.cancel()
-        if self._tasks:
+        if tasks:
             # Bounded: a watcher blocked in a nats-py call that lost its
             # cancellation must not hold up the shutdown of the whole service.
-            _, pending = await asyncio.wait(self._tasks, timeout=5.0)
+            _, pending = await asyncio.wait(tasks, timeout=5.0)
             if pending:
                 log.warning("%d catalog watchers did not stop in time", len(pending))
-        self._tasks.clear()
+        self._watches.clear()
 
     async def wait_loaded(self, timeout: float = 10.0) -> None:
         """Wait until the initial contents of every bucket are in memory."""

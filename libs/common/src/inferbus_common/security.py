@@ -120,7 +120,8 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
         pub += [f"{p}.infer.>", f"{p}.gen.>", replies]
         sub += [f"{p}.route.>", f"{p}.audit.>", f"{p}.reply.>"]
     elif role == "batcher":
-        pub += [f"{p}.batch.>", replies, *batch_stream_api]
+        # The batcher applies its stream bounds (and replicas) to an existing stream.
+        pub += [f"{p}.batch.>", replies, *batch_stream_api, f"$JS.API.STREAM.UPDATE.{batches}"]
         sub += [f"{p}.infer.>", f"{p}.idle.>"]
     elif role in ("worker", "llm"):
         pub += [

@@ -19,7 +19,15 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(extra="forbid", validate_default=True)
 
     nats_url: str = "nats://127.0.0.1:4222"
-    """NATS server URL (comma-separate several for a cluster)."""
+    """NATS server URL; the nodes of a cluster separated by commas
+    (``nats://n1:4222,nats://n2:4222,nats://n3:4222``): the service starts at
+    any of them and moves to another when its node goes away."""
+    jetstream_replicas: int = Field(default=1, ge=1, le=5)
+    """Replicas of the JetStream streams and KV buckets this service creates
+    (work queue, audit stream, catalog buckets): 1 on a single nats-server, 3 on
+    a three-node cluster, so that each survives the loss of a node. At most the
+    cluster's size. Existing ones keep theirs, except that the work-queue and
+    audit streams are raised to it."""
     nats_user: str = ""
     """NATS user (see `inferbus_common.security`); empty: connect without a user."""
     nats_password: SecretStr | None = None
@@ -68,7 +76,8 @@ class ServiceSettings(BaseSettings):
     """Finished spans buffered for export; past it, spans are dropped (never blocks)."""
 
     def nats_auth(self) -> dict[str, object]:
-        """Keyword arguments for `inferbus_common.bus.connect`: credentials, inbox, TLS.
+        """Keyword arguments for `inferbus_common.bus.connect`: credentials, inbox,
+        TLS, and the JetStream replica count when it is not 1.
 
         Raises:
             OSError: a password file that cannot be read.
@@ -89,4 +98,6 @@ class ServiceSettings(BaseSettings):
                 )
         if self.nats_tls_ca_file is not None:
             out["tls_ca_file"] = str(self.nats_tls_ca_file)
+        if self.jetstream_replicas != 1:
+            out["jetstream_replicas"] = self.jetstream_replicas
         return out

@@ -59,15 +59,17 @@ from onnx import TensorProto, helper, numpy_helper
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from inferbus_testing.processes import ServiceError, ServiceProcess
-from inferbus_testing.servers import S3Server
+from inferbus_testing.servers import NatsCluster, S3Server
 from inferbus_testing.stack import LocalStack
 
 __all__ = [
+    "CLUSTER_FAULTS",
     "FAULTS",
     "SLOW_MODEL",
     "Attempt",
     "ChaosStack",
     "ClosedLoad",
+    "ClusterChaosStack",
     "Fault",
     "FaultReport",
     "Shape",
@@ -127,10 +129,17 @@ class ChaosStack(LocalStack):
 
     model_dir: Path
 
-    def __init__(self, base: Path, *, env: dict[str, str] | None = None, gateways: int = 2):
+    def __init__(
+        self,
+        base: Path,
+        *,
+        env: dict[str, str] | None = None,
+        gateways: int = 2,
+        s3: bool = True,
+    ):
         super().__init__(base, workers=2, env=env, with_redis=True)
         self.gateway_count = gateways
-        self.s3 = S3Server(base / "s3")
+        self.s3: S3Server | None = S3Server(base / "s3") if s3 else None
         self._specs: dict[str, tuple[str, dict[str, str]]] = {}
         self.start_crashes: list[tuple[str, str]] = []
         """(service, error with log tail) of restarts that crashed while starting."""
@@ -161,22 +170,23 @@ class ChaosStack(LocalStack):
     def start(self) -> Self:
         """Start S3 first (the registry stores there), then the stack, then more gateways."""
         self.base.mkdir(parents=True, exist_ok=True)
-        self.s3.start()
-        bucket = "inferbus"
-        client = self.s3.client()
-        if not client.bucket_exists(bucket):
-            client.make_bucket(bucket)
-        self.env.update(
-            {
-                "INFERBUS_REGISTRY_STORE": "s3",
-                "INFERBUS_REGISTRY_S3_ENDPOINT": self.s3.endpoint,
-                "INFERBUS_REGISTRY_S3_ACCESS_KEY": self.s3.access_key,
-                "INFERBUS_REGISTRY_S3_SECRET_KEY": self.s3.secret_key,
-                "INFERBUS_REGISTRY_S3_BUCKET": bucket,
-                # Notice a store that came back within a second, not ten.
-                "INFERBUS_REGISTRY_STORE_PROBE_INTERVAL_S": "1",
-            }
-        )
+        if self.s3 is not None:
+            self.s3.start()
+            bucket = "inferbus"
+            client = self.s3.client()
+            if not client.bucket_exists(bucket):
+                client.make_bucket(bucket)
+            self.env.update(
+                {
+                    "INFERBUS_REGISTRY_STORE": "s3",
+                    "INFERBUS_REGISTRY_S3_ENDPOINT": self.s3.endpoint,
+                    "INFERBUS_REGISTRY_S3_ACCESS_KEY": self.s3.access_key,
+                    "INFERBUS_REGISTRY_S3_SECRET_KEY": self.s3.secret_key,
+                    "INFERBUS_REGISTRY_S3_BUCKET": bucket,
+                    # Notice a store that came back within a second, not ten.
+                    "INFERBUS_REGISTRY_STORE_PROBE_INTERVAL_S": "1",
+                }
+            )
         super().start()
         for i in range(1, self.gateway_count):
             self._spawn(
@@ -193,8 +203,9 @@ class ChaosStack(LocalStack):
         try:
             super().close()
         finally:
-            self.s3.kill()
-            self.s3.close()
+            if self.s3 is not None:
+                self.s3.kill()
+                self.s3.close()
             self.spawner.shutdown(wait=True)
 
     def set_cluster_limit(self, qps: float) -> None:
@@ -243,7 +254,59 @@ class ChaosStack(LocalStack):
         out = {name: p.running for name, p in self.procs.items()}
         out["nats"] = self.nats is not None and self.nats.running
         out["redis"] = self.redis is not None and self.redis.running
-        out["s3"] = self.s3.running
+        if self.s3 is not None:
+            out["s3"] = self.s3.running
+        return out
+
+
+class ClusterChaosStack(ChaosStack):
+    """`ChaosStack` on a NATS cluster: every service is given every node, and the
+    work queue, audit stream and catalog buckets keep 3 replicas.
+
+    The registry keeps artifacts in its local store (no S3: this stack is about
+    the broker). `cluster` is the `NatsCluster`; `nats` stays None.
+
+    Args:
+        base: folder for logs, stores and caches.
+        env: extra environment for every service.
+        gateways: number of gateway processes.
+        nodes: NATS nodes.
+    """
+
+    def __init__(
+        self,
+        base: Path,
+        *,
+        env: dict[str, str] | None = None,
+        gateways: int = 2,
+        nodes: int = 3,
+    ):
+        super().__init__(base, env=env, gateways=gateways, s3=False)
+        self.cluster = NatsCluster(base / "nats-cluster", size=nodes)
+        self.killed_node: int | None = None
+        """The node a cluster fault killed (healed by starting it again)."""
+
+    @property
+    def nats_url(self) -> str:
+        """Every node's client URL, comma-separated."""
+        return self.cluster.url
+
+    def _start_nats(self) -> None:
+        self.cluster.start()
+
+    def _stop_nats(self) -> None:
+        self.cluster.close()
+
+    def _spawn(self, name: str, module: str, extra: dict[str, str]) -> ServiceProcess:
+        replicas = {f"{module.upper()}_JETSTREAM_REPLICAS": "3"}
+        return super()._spawn(name, module, {**replicas, **extra})
+
+    def alive(self) -> dict[str, bool]:
+        """Whether each service process and each NATS node is running."""
+        out = super().alive()
+        del out["nats"]
+        for node in self.cluster.nodes:
+            out[node.server_name] = node.running
         return out
 
 
@@ -501,12 +564,12 @@ def _stop_registry_and_s3(stack: ChaosStack) -> None:
     # Frozen rather than stopped: its port stays open and nothing answers, the
     # harder case for a client (a refused connection fails fast). It also comes
     # back at once, where a SeaweedFS restart takes tens of seconds.
-    if stack.s3.pid is not None:
+    if stack.s3 is not None and stack.s3.pid is not None:
         os.killpg(stack.s3.pid, signal.SIGSTOP)
 
 
 def _start_s3_and_registry(stack: ChaosStack) -> None:
-    if stack.s3.pid is not None:
+    if stack.s3 is not None and stack.s3.pid is not None:
         os.killpg(stack.s3.pid, signal.SIGCONT)
     stack.restart("registry")
 
@@ -626,6 +689,83 @@ FAULTS: dict[str, Fault] = {
 """The fault matrix, in the order the report runs it."""
 
 
+async def _data_path_leaders(cluster: NatsCluster, stream: str) -> tuple[str, set[str]]:
+    """(leader of `stream`, leaders of the stream and of each of its consumers)."""
+    import nats
+
+    urls = [n.url for n in cluster.nodes if n.running]
+    nc = await nats.connect(urls, connect_timeout=2, allow_reconnect=False)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(stream)
+        consumers = await js.consumers_info(stream)
+    finally:
+        await nc.close()
+    assert info.cluster is not None and info.cluster.leader
+    leaders = {info.cluster.leader} | {c.cluster.leader for c in consumers if c.cluster}
+    return info.cluster.leader, leaders - {None, ""}
+
+
+async def _kill_node(stack: ChaosStack, *, leader: bool) -> None:
+    """kill -9 the node that leads the work-queue stream (`leader`), or one that
+    leads neither the stream nor its consumers (when there is one); remembered in
+    `killed_node` for the heal."""
+    from inferbus_common.subjects import Subjects
+
+    assert isinstance(stack, ClusterChaosStack)
+    cluster = stack.cluster
+    lead, busy = await _data_path_leaders(cluster, Subjects().batch_stream)
+    if leader:
+        victim = cluster.node(lead)
+    else:
+        idle = [n for n in cluster.nodes if n.server_name not in busy and n.running]
+        others = [n for n in cluster.nodes if n.server_name != lead and n.running]
+        victim = (idle or others)[0]
+    stack.killed_node = cluster.nodes.index(victim)
+    await asyncio.get_running_loop().run_in_executor(stack.spawner, victim.kill)
+
+
+async def _kill_follower_node(stack: ChaosStack) -> None:
+    await _kill_node(stack, leader=False)
+
+
+async def _kill_batch_leader(stack: ChaosStack) -> None:
+    await _kill_node(stack, leader=True)
+
+
+def _restart_killed_node(stack: ChaosStack) -> None:
+    assert isinstance(stack, ClusterChaosStack) and stack.killed_node is not None
+    # Back on its ports and store; returns once it is current with the cluster.
+    stack.cluster.restart(stack.killed_node)
+    stack.killed_node = None
+
+
+CLUSTER_FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in [
+        Fault(
+            "kill-nats-node",
+            "kill -9 one of three NATS nodes (one that leads neither the work queue "
+            "nor its consumers); started again after the hold",
+            _kill_follower_node,
+            _blocking(_restart_killed_node),
+            # Longer than a raft election (nats-server waits 4-9 s for a lost
+            # leader), so the two nodes left must serve on their own.
+            hold_s=12.0,
+        ),
+        Fault(
+            "kill-stream-leader",
+            "kill -9 the NATS node that leads the work-queue stream (a new leader "
+            "is elected); started again after the hold",
+            _kill_batch_leader,
+            _blocking(_restart_killed_node),
+            hold_s=12.0,
+        ),
+    ]
+}
+"""Faults of a three-node NATS cluster (`ClusterChaosStack`), in the order the report runs them."""
+
+
 # --- one run ------------------------------------------------------------------------
 
 
@@ -674,6 +814,9 @@ class FaultReport:
     """When the last of those was answered, seconds after the fault struck."""
     alive: dict[str, bool] = field(default_factory=dict)
     samples: list[str] = field(default_factory=list)
+    first_ok_after_fault_s: float | None = None
+    """From the fault being in place (e.g. the kill done) to the first correct
+    answer to a request sent after it, before any heal."""
 
     @property
     def explicit(self) -> int:
@@ -699,6 +842,7 @@ class FaultReport:
             "wrong": self.wrong,
             "hung": self.hung,
             "first_ok_s": self.first_ok_s,
+            "first_ok_after_fault_s": self.first_ok_after_fault_s,
             "recovered_s": self.recovered_s,
             "baseline_rps": round(self.baseline_rps, 1),
             "retried": self.retried,
@@ -736,7 +880,7 @@ async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultRepor
         t_fault = time.monotonic()
         before = [a for a in load.attempts if a.end <= t_fault]
         await fault.inject(stack)
-        t_struck = time.monotonic()
+        t_broken = time.monotonic()  # the fault is in place (a kill has returned)
         await asyncio.sleep(fault.hold_s)
         await fault.heal(stack)
         t_heal = time.monotonic()
@@ -754,6 +898,7 @@ async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultRepor
     counts = collections.Counter(a.status for a in attempts)
     errors = {k: v for k, v in counts.items() if k not in ("OK", "WRONG", "HANG")}
     first_ok = [a.end for a in attempts if a.status == "OK" and a.end >= t_heal]
+    first_ok_after_fault = [a.end for a in attempts if a.status == "OK" and a.start >= t_broken]
     bad_after = [a.start for a in attempts if a.status != "OK" and a.end >= t_fault]
     recovered: float | None
     if not _all_ok_since(attempts, t_end - shape.stable_s, t_end):
@@ -763,7 +908,7 @@ async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultRepor
     else:
         recovered = max(bad_after) - t_heal
     samples = sorted({f"{a.status}: {a.message[:160]}" for a in attempts if a.message})
-    caught = [a for a in attempts if a.start < t_struck < a.end]
+    caught = [a for a in attempts if a.start < t_broken < a.end]
     return FaultReport(
         fault=fault.name,
         what=fault.what,
@@ -782,9 +927,12 @@ async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultRepor
         duration_s=t_end - t_begin,
         retried=sum(1 for a in attempts if a.tries > 1),
         in_flight=len(caught),
-        in_flight_answered_s=(round(max(a.end for a in caught) - t_struck, 3) if caught else None),
+        in_flight_answered_s=(round(max(a.end for a in caught) - t_broken, 3) if caught else None),
         alive=stack.alive(),
         samples=samples[:12],
+        first_ok_after_fault_s=(
+            round(min(first_ok_after_fault) - t_broken, 3) if first_ok_after_fault else None
+        ),
     )
 
 

@@ -91,19 +91,24 @@ class LocalStack:
         """Registry gRPC address."""
         return f"127.0.0.1:{self.registry.ports['grpc']}"
 
+    @property
+    def nats_url(self) -> str:
+        """What every service is given as its NATS URL."""
+        assert self.nats is not None
+        return self.nats.url
+
     def pids(self) -> dict[str, int]:
         """Process id of every service, by name."""
         return {name: p.pid for name, p in self.procs.items() if p.pid is not None}
 
     # --- lifecycle -----------------------------------------------------------
     def _spawn(self, name: str, module: str, extra: dict[str, str]) -> ServiceProcess:
-        assert self.nats is not None
         prefix = module.upper() + "_"
         proc = ServiceProcess(
             module,
             name=name,
             env={
-                f"{prefix}NATS_URL": self.nats.url,
+                f"{prefix}NATS_URL": self.nats_url,
                 f"{prefix}METRICS_PORT": "0",
                 **self.env,
                 **extra,
@@ -127,8 +132,7 @@ class LocalStack:
     def start(self) -> Self:
         """Start every server and service; return once all are ready."""
         self.base.mkdir(parents=True, exist_ok=True)
-        self.nats = NatsServer(self.base / "nats", extra_args=self._nats_args())
-        self.nats.start()
+        self._start_nats()
         if self.redis is not None:
             self.redis.start()
             self.env["INFERBUS_GATEWAY_REDIS_URL"] = self.redis.url
@@ -159,6 +163,16 @@ class LocalStack:
             proc.wait_ready()
         return self
 
+    def _start_nats(self) -> None:
+        """Start the NATS the services use (a subclass may start a cluster instead)."""
+        self.nats = NatsServer(self.base / "nats", extra_args=self._nats_args())
+        self.nats.start()
+
+    def _stop_nats(self) -> None:
+        if self.nats is not None:
+            self.nats.close()
+            self.nats = None
+
     def start_worker(self, name: str) -> ServiceProcess:
         """Start one more worker (its own empty cache) and return it once it runs."""
         return self._spawn(name, "inferbus_worker", self._worker_env(name))
@@ -169,9 +183,7 @@ class LocalStack:
             proc.terminate(timeout=10)
             proc.cleanup()
         self.procs.clear()
-        if self.nats is not None:
-            self.nats.close()
-            self.nats = None
+        self._stop_nats()
         if self.redis is not None:
             self.redis.close()
 

@@ -1,0 +1,61 @@
+"""Losing a NATS node (issue #20): the platform on a three-node cluster with
+clustered JetStream (work queue, audit stream and catalog buckets at 3
+replicas), under steady closed-loop load. Two faults: kill -9 a node that
+leads nothing on the data path, then the node that leads the work-queue stream
+(a new leader is elected while batches flow). Each node is started again
+after the hold. Every request gets exactly one answer, a correct one or an
+explicit error before its deadline: none lost, none hung; the first correct
+answer after each fault is measured. The rows of docs/reliability.md ("NATS
+cluster: losing a node") come from this test (`-s` prints them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferbus_testing.chaos import CLUSTER_FAULTS, ClusterChaosStack, Shape, environment, run_fault
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+EXPLICIT = {"DEADLINE_EXCEEDED", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}
+
+
+@pytest.fixture(scope="module")
+def cluster_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterChaosStack]:
+    """Two workers, two gateways, Redis; NATS as three nodes; the fraud model ready."""
+    from inferbus_testing.chaos import make_models
+
+    base = tmp_path_factory.mktemp("cluster")
+    fraud, _slow = make_models(REPO, base / "models")
+    stack = ClusterChaosStack(base / "stack", env=environment())
+    stack.model_dir = fraud
+    with stack:
+        stack.set_cluster_limit(1e6)
+        stack.push(fraud, "fraud")
+        stack.wait_model_ready("fraud")
+        yield stack
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(CLUSTER_FAULTS))
+async def test_losing_a_nats_node_loses_nothing(
+    cluster_stack: ClusterChaosStack, name: str
+) -> None:
+    assert all(cluster_stack.alive().values()), cluster_stack.alive()
+    fault = CLUSTER_FAULTS[name]
+    report = await run_fault(cluster_stack, fault, Shape.ci())
+    print(report.row(), *report.samples, sep="\n  ")
+    assert report.sent > 50, report.row()
+    assert report.wrong == 0, report.samples
+    assert report.hung == 0, report.samples
+    assert report.lost == 0, report.row()
+    assert set(report.explicit_errors) <= EXPLICIT, report.samples
+    # Served on the two nodes left, before the third is back.
+    assert report.first_ok_after_fault_s is not None, report.samples
+    assert report.first_ok_after_fault_s < fault.hold_s, report.row()
+    assert all(report.alive.values()), report.alive
+    assert report.recovered_s is not None, report.samples
