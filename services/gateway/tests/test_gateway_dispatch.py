@@ -242,12 +242,12 @@ async def test_requests_of_one_loop_turn_travel_as_one_bundle(nats_client, dispa
 
 async def test_a_subject_that_is_not_busy_never_waits(nats_client, dispatchers):
     batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
-    d = await dispatchers("gw-nb", direct=True, bundle_window_s=60.0, busy=lambda: False)
+    d = await dispatchers("gw-nb", direct=True, bundle_window_s=60.0, bundle_hold_in_flight=10**6)
     plain = Route(model="fraud", stable="3")
     try:
         batcher.hold.clear()
         calls = []
-        for i in range(4):  # not saturated: each goes in its own loop turn
+        for i in range(4):  # few waiting: each goes in its own loop turn
             calls.append(asyncio.ensure_future(_call(d, plain, request_id=f"r{i}")))
             await asyncio.sleep(0.01)
         for _ in range(200):
@@ -262,9 +262,9 @@ async def test_a_subject_that_is_not_busy_never_waits(nats_client, dispatchers):
         await batcher.stop()
 
 
-async def test_a_saturated_gateway_collects_requests_for_the_window(nats_client, dispatchers):
+async def test_a_busy_gateway_collects_requests_for_the_window(nats_client, dispatchers):
     batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
-    d = await dispatchers("gw-w", direct=True, bundle_window_s=0.4, busy=lambda: True)
+    d = await dispatchers("gw-w", direct=True, bundle_window_s=0.4, bundle_hold_in_flight=0)
     plain = Route(model="fraud", stable="3")
     try:
         calls = []
@@ -283,7 +283,7 @@ async def test_a_saturated_gateway_collects_requests_for_the_window(nats_client,
 
 async def test_a_bundle_goes_when_its_rows_fill_a_batch(nats_client, dispatchers):
     batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
-    d = await dispatchers("gw-f", direct=True, bundle_window_s=60.0, busy=lambda: True)
+    d = await dispatchers("gw-f", direct=True, bundle_window_s=60.0, bundle_hold_in_flight=0)
     plain = Route(model="fraud", stable="3")
     try:
         # max_rows 4: two requests of two rows fill it, the bundle goes without
@@ -354,3 +354,28 @@ async def test_a_request_larger_than_a_bus_message_is_refused(dispatchers, bundl
     with pytest.raises(InvalidArgument, match="max_payload"):
         await _call(d, Route(model="fraud", stable="3"), rows=rows)
     assert d.in_flight == 0
+
+
+async def test_bundles_collect_once_enough_requests_wait(nats_client, dispatchers):
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    d = await dispatchers("gw-hold", direct=True, bundle_window_s=0.2, bundle_hold_in_flight=3)
+    plain = Route(model="fraud", stable="3")
+    try:
+        batcher.hold.clear()
+        calls = []
+        for i in range(5):  # loop turns apart; the replies are held back meanwhile
+            calls.append(asyncio.ensure_future(_call(d, plain, request_id=f"h{i}")))
+            await asyncio.sleep(0.01)
+        for _ in range(200):
+            if sum(len(b.requests) for b in batcher.bundles) == 5:
+                break
+            await asyncio.sleep(0.01)
+        # Three went alone (fewer than three waited when each came); the fourth found
+        # three waiting and opened a bundle that the fifth joined during its window.
+        assert [len(b.requests) for b in batcher.bundles] == [1, 1, 1, 2]
+        batcher.hold.set()
+        await asyncio.wait_for(asyncio.gather(*calls), 10)
+        assert d.in_flight == 0
+    finally:
+        batcher.hold.set()
+        await batcher.stop()

@@ -4,11 +4,11 @@ Requests for the same subject (a model's router subject, or a version's
 batcher subject on a plain route, see `plain_version`) go out as request
 bundles (`inferbus_common.bundles`): one message carries several requests,
 and each reply bundle that comes back answers several waiting calls.
-A bundle goes at the end of the event-loop turn that opened it, unless the
-gateway is saturated (its event loop always has work, `loopload.LoopLoad`):
-then it collects requests for ``bundle_window_us``. A gateway with time to
-spare never makes a request wait; a saturated one, whose requests would queue
-in front of its event loop anyway, sends fewer, fuller messages.
+A bundle goes at the end of the event-loop turn that opened it, unless many
+requests already wait at this gateway (``bundle_hold_in_flight``): then it
+collects requests for ``bundle_window_us``. A lightly loaded gateway never
+makes a request wait; a busy one, whose requests' latency is queueing
+anyway, sends fewer, fuller messages, which leaves more CPU for them.
 Details and figures: docs/architecture.md ("Bundles").
 
 Each gateway owns one inbox subscription (``ib.reply.<instance>.*``): reply
@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from prometheus_client import Gauge
 
 from inferbus_common import headers as h
 from inferbus_common.bundles import (
@@ -41,11 +40,10 @@ from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import Route
 from inferbus_common.codec import Buffer, Tensor
 from inferbus_common.errors import DeadlineExceeded, InferbusError, InvalidArgument, Unavailable
-from inferbus_common.loopmetrics import LoopCounter, LoopHistogram
+from inferbus_common.loopmetrics import LoopCounter, LoopGauge, LoopHistogram
 from inferbus_common.replies import error_from_fields
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import FrameError, encode_tensors, tensor_frame_parts
-from inferbus_gateway.loopload import LoopLoad
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +66,13 @@ REPLY_BUNDLES = LoopCounter(
 )
 HELD_BUNDLES = LoopCounter(
     "inferbus_gateway_held_bundles_total",
-    "Bundles that collected requests for the bundle window (the gateway was "
-    "saturated), as opposed to going at the end of the loop turn that opened them.",
+    "Bundles that collected requests for the bundle window (many requests waited at "
+    "the gateway), as opposed to going at the end of the loop turn that opened them.",
 )
-LOOP_DEMAND = Gauge(
-    "inferbus_gateway_loop_demand",
-    "Share of wall time the gateway's event-loop thread ran or waited to run (moving "
-    "average): from bundle_busy_demand on, requests may wait to fill bundles.",
+IN_FLIGHT = LoopGauge(
+    "inferbus_gateway_dispatch_in_flight",
+    "Requests sent into the platform (or waiting in an open bundle) and not answered "
+    "yet; from bundle_hold_in_flight on, new bundles collect for the bundle window.",
 )
 
 
@@ -184,9 +182,8 @@ class Dispatcher:
         bundle_window_s: how long a bundle collects requests while the gateway
             is saturated.
         bundle_max_requests: a bundle is sent once it holds this many requests.
-        busy: tells whether the gateway is saturated (default: a `LoopLoad`
-            of this event loop, saturated from `bundle_busy_demand` on).
-        bundle_busy_demand: `LoopLoad` demand from which the default `busy` says yes.
+        bundle_hold_in_flight: requests in flight at this dispatcher from which on a
+            new bundle collects requests for `bundle_window_s`.
     """
 
     def __init__(
@@ -199,22 +196,13 @@ class Dispatcher:
         bundles: bool = True,
         bundle_window_s: float = 0.006,
         bundle_max_requests: int = 256,
-        busy: Callable[[], bool] | None = None,
-        bundle_busy_demand: float = 0.9,
+        bundle_hold_in_flight: int = 24,
     ) -> None:
         self._direct = direct
         self._bundles = bundles
         self._window_s = bundle_window_s
         self._max_requests = bundle_max_requests
-        self._load: LoopLoad | None = None
-        if busy is None:
-            self._load = LoopLoad(high=bundle_busy_demand, low=bundle_busy_demand - 0.15)
-            load = self._load
-
-            def busy() -> bool:
-                return load.saturated
-
-        self._busy = busy
+        self._hold_in_flight = bundle_hold_in_flight
         self._nc = nc
         self._subjects = subjects
         self._inbox = subjects.reply_inbox(instance)
@@ -226,17 +214,8 @@ class Dispatcher:
         self._sends: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
 
-    @property
-    def load(self) -> LoopLoad | None:
-        """The event-loop demand this dispatcher bundles by (None: a custom `busy`)."""
-        return self._load
-
     async def start(self) -> None:
-        """Subscribe to this instance's inbox (and start measuring the loop's demand)."""
-        if self._load is not None:
-            self._load.start()
-            load = self._load
-            LOOP_DEMAND.set_function(lambda: load.demand)
+        """Subscribe to this instance's inbox."""
         self._sub = await self._nc.subscribe(
             f"{self._inbox}.*",
             cb=self._on_reply,
@@ -246,8 +225,6 @@ class Dispatcher:
 
     async def stop(self) -> None:
         """Unsubscribe; callers still waiting get UNAVAILABLE."""
-        if self._load is not None:
-            self._load.stop()
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
@@ -467,7 +444,7 @@ class Dispatcher:
         """Put `call` into its subject's open bundle (opening one), send what is due.
 
         Returns the bundle when `call` opened it and is to send it itself at the
-        end of this loop turn (the subject is not busy), else None.
+        end of this loop turn (few requests wait at this gateway), else None.
         """
         key = call.key
         size = call.size
@@ -481,16 +458,17 @@ class Dispatcher:
         lead = None
         if bundle is None:
             bundle = self._open[key] = _Bundle(key, model, version, max_rows=max_rows)
-            if not self._busy():
-                # Not saturated: only what arrives in this loop turn joins; this call sends it.
+            if self._waiting < self._hold_in_flight:
+                # Few wait: only what arrives in this loop turn joins; this call sends it.
                 lead = bundle
             else:
-                # Saturated: requests queue in front of the loop anyway; collect a while.
+                # Many wait: their latency is queueing anyway; collect a while.
                 HELD_BUNDLES.inc()
                 window = self._window_s if window_s is None else min(window_s, self._window_s)
                 bundle.timer = asyncio.get_running_loop().call_later(window, self._flush, key)
         bundle.calls.append(call)
         self._waiting += 1
+        IN_FLIGHT.value = self._waiting
         bundle.nbytes += size
         bundle.rows += rows
         if (bundle.max_rows and bundle.rows >= bundle.max_rows) or len(
@@ -563,6 +541,7 @@ class Dispatcher:
     def _done(self, call: _Call) -> None:
         """A call ended (answered, timed out or cancelled): forget its token."""
         self._waiting -= 1
+        IN_FLIGHT.value = self._waiting
         if call.token:
             self._pending.pop(call.token, None)
 

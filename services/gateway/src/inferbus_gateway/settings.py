@@ -104,15 +104,14 @@ class GatewaySettings(ServiceSettings):
     """Send requests as request bundles: those for the same model (and version) travel
     as one message and are answered by one reply bundle per engine run
     (docs/architecture.md, "Bundles"). Off: one message per request each way."""
-    bundle_busy_demand: float = Field(default=0.9, ge=0.0, le=2.0)
-    """Share of wall time the gateway's event-loop thread runs or waits to run (its
-    demand, sampled from the scheduler every 50 ms, averaged) from which on the gateway
-    counts as saturated (and up to which, less 0.15, it stays so). Saturated, a bundle
-    collects requests for up to ``bundle_window_us`` (fewer, fuller messages: less CPU
-    per request where CPU is what limits); otherwise a bundle holds what arrives in one
-    event-loop turn and no request waits. 0: always collect; above 1: never."""
+    bundle_hold_in_flight: int = Field(default=24, ge=0, le=1_000_000)
+    """Requests in flight at this gateway (sent into the platform, or waiting in an open
+    bundle) from which on a new bundle collects requests for ``bundle_window_us``: with
+    that many waiting, latency is mostly queueing, and fewer, fuller messages leave more
+    CPU for the requests. Below it a bundle holds what arrives in one event-loop turn and
+    no request waits. 0: always collect."""
     bundle_window_us: int = Field(default=6000, ge=0, le=1_000_000)
-    """How long a bundle collects requests while the gateway is saturated."""
+    """How long a bundle collects requests while ``bundle_hold_in_flight`` requests wait."""
     bundle_max_requests: int = Field(default=256, ge=1, le=65535)
     """A bundle is sent as soon as it holds this many requests."""
 
