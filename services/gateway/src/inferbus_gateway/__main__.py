@@ -83,7 +83,7 @@ async def serve(settings: GatewaySettings) -> None:
                 bundles=settings.bundles,
                 bundle_window_s=settings.bundle_window_us / 1e6,
                 bundle_max_requests=settings.bundle_max_requests,
-                bundle_hold_in_flight=settings.bundle_hold_in_flight,
+                bundle_busy_cpu=settings.bundle_busy_cpu,
             )
             await dispatcher.start()
             gen_dispatcher = GenerationDispatcher(nc, subjects, instance)

@@ -4,11 +4,12 @@ Requests for the same subject (a model's router subject, or a version's
 batcher subject on a plain route, see `plain_version`) go out as request
 bundles (`inferbus_common.bundles`): one message carries several requests,
 and each reply bundle that comes back answers several waiting calls.
-A bundle goes at the end of the event-loop turn that opened it, unless many
-requests already wait at this gateway (``bundle_hold_in_flight``): then it
-collects requests for ``bundle_window_us``. A lightly loaded gateway never
-makes a request wait; a busy one, whose requests' latency is queueing
-anyway, sends fewer, fuller messages, which leaves more CPU for them.
+A bundle goes at the end of the event-loop turn that opened it, unless CPU is
+what limits (the machine's CPUs or the gateway's event loop nearly always
+busy, `cpuload.CpuLoad`) and other requests are in flight: then it collects
+requests for ``bundle_window_us``. A gateway with CPU to spare never makes a
+request wait; one short of CPU sends fewer, fuller messages, which leaves
+more CPU for the requests themselves.
 Details and figures: docs/architecture.md ("Bundles").
 
 Each gateway owns one inbox subscription (``ib.reply.<instance>.*``): reply
@@ -23,12 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from prometheus_client import Gauge
 
 from inferbus_common import headers as h
 from inferbus_common.bundles import (
@@ -44,6 +46,7 @@ from inferbus_common.loopmetrics import LoopCounter, LoopGauge, LoopHistogram
 from inferbus_common.replies import error_from_fields
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import FrameError, encode_tensors, tensor_frame_parts
+from inferbus_gateway.cpuload import CpuLoad
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +69,18 @@ REPLY_BUNDLES = LoopCounter(
 )
 HELD_BUNDLES = LoopCounter(
     "inferbus_gateway_held_bundles_total",
-    "Bundles that collected requests for the bundle window (many requests waited at "
-    "the gateway), as opposed to going at the end of the loop turn that opened them.",
+    "Bundles that collected requests for the bundle window (CPU was short), as opposed "
+    "to going at the end of the loop turn that opened them.",
 )
 IN_FLIGHT = LoopGauge(
     "inferbus_gateway_dispatch_in_flight",
-    "Requests sent into the platform (or waiting in an open bundle) and not answered "
-    "yet; from bundle_hold_in_flight on, new bundles collect for the bundle window.",
+    "Requests sent into the platform (or waiting in an open bundle) and not answered yet.",
+)
+CPU_BUSY = Gauge(
+    "inferbus_gateway_cpu_busy",
+    "Busy share (moving average) of the machine's CPUs, the cgroup's quota or the "
+    "gateway's event loop, whichever is highest: from bundle_busy_cpu on, bundles "
+    "collect requests for the bundle window.",
 )
 
 
@@ -182,8 +190,9 @@ class Dispatcher:
         bundle_window_s: how long a bundle collects requests while the gateway
             is saturated.
         bundle_max_requests: a bundle is sent once it holds this many requests.
-        bundle_hold_in_flight: requests in flight at this dispatcher from which on a
-            new bundle collects requests for `bundle_window_s`.
+        busy: tells whether CPU is what limits (default: a `CpuLoad` of this
+            process, from `bundle_busy_cpu` on).
+        bundle_busy_cpu: busy share from which the default `busy` says yes.
     """
 
     def __init__(
@@ -196,13 +205,22 @@ class Dispatcher:
         bundles: bool = True,
         bundle_window_s: float = 0.006,
         bundle_max_requests: int = 256,
-        bundle_hold_in_flight: int = 24,
+        busy: Callable[[], bool] | None = None,
+        bundle_busy_cpu: float = 0.9,
     ) -> None:
         self._direct = direct
         self._bundles = bundles
         self._window_s = bundle_window_s
         self._max_requests = bundle_max_requests
-        self._hold_in_flight = bundle_hold_in_flight
+        self._load: CpuLoad | None = None
+        if busy is None:
+            self._load = CpuLoad(high=bundle_busy_cpu, low=bundle_busy_cpu - 0.1)
+            load = self._load
+
+            def busy() -> bool:
+                return load.saturated
+
+        self._busy = busy
         self._nc = nc
         self._subjects = subjects
         self._inbox = subjects.reply_inbox(instance)
@@ -214,8 +232,17 @@ class Dispatcher:
         self._sends: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
 
+    @property
+    def load(self) -> CpuLoad | None:
+        """The CPU readings this dispatcher bundles by (None: a custom `busy`)."""
+        return self._load
+
     async def start(self) -> None:
-        """Subscribe to this instance's inbox."""
+        """Subscribe to this instance's inbox (and start the CPU readings)."""
+        if self._load is not None:
+            self._load.start()
+            load = self._load
+            CPU_BUSY.set_function(lambda: max(load.machine, load.loop))
         self._sub = await self._nc.subscribe(
             f"{self._inbox}.*",
             cb=self._on_reply,
@@ -225,6 +252,8 @@ class Dispatcher:
 
     async def stop(self) -> None:
         """Unsubscribe; callers still waiting get UNAVAILABLE."""
+        if self._load is not None:
+            self._load.stop()
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
@@ -458,11 +487,12 @@ class Dispatcher:
         lead = None
         if bundle is None:
             bundle = self._open[key] = _Bundle(key, model, version, max_rows=max_rows)
-            if self._waiting < self._hold_in_flight:
-                # Few wait: only what arrives in this loop turn joins; this call sends it.
+            if not self._waiting or not self._busy():
+                # CPU to spare (or nothing else in flight): what arrives in this loop
+                # turn joins; this call sends it.
                 lead = bundle
             else:
-                # Many wait: their latency is queueing anyway; collect a while.
+                # Short of CPU: requests wait for it anyway; collect a while.
                 HELD_BUNDLES.inc()
                 window = self._window_s if window_s is None else min(window_s, self._window_s)
                 bundle.timer = asyncio.get_running_loop().call_later(window, self._flush, key)

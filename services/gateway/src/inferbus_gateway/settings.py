@@ -104,14 +104,16 @@ class GatewaySettings(ServiceSettings):
     """Send requests as request bundles: those for the same model (and version) travel
     as one message and are answered by one reply bundle per engine run
     (docs/architecture.md, "Bundles"). Off: one message per request each way."""
-    bundle_hold_in_flight: int = Field(default=24, ge=0, le=1_000_000)
-    """Requests in flight at this gateway (sent into the platform, or waiting in an open
-    bundle) from which on a new bundle collects requests for ``bundle_window_us``: with
-    that many waiting, latency is mostly queueing, and fewer, fuller messages leave more
-    CPU for the requests. Below it a bundle holds what arrives in one event-loop turn and
-    no request waits. 0: always collect."""
+    bundle_busy_cpu: float = Field(default=0.9, ge=0.0, le=2.0)
+    """Busy share of the machine's CPUs (or of the cgroup's CPU quota), or of the
+    gateway's own event-loop thread, whichever is higher (read every 100 ms, averaged),
+    from which on CPU counts as what limits (and down to which, less 0.1, it stays so).
+    Then a new bundle collects requests for ``bundle_window_us`` (fewer, fuller
+    messages: less CPU per request) when other requests are in flight; otherwise a
+    bundle holds what arrives in one event-loop turn and no request waits. 0: always
+    collect; above 1: never."""
     bundle_window_us: int = Field(default=6000, ge=0, le=1_000_000)
-    """How long a bundle collects requests while ``bundle_hold_in_flight`` requests wait."""
+    """How long a bundle collects requests while CPU is short (``bundle_busy_cpu``)."""
     bundle_max_requests: int = Field(default=256, ge=1, le=65535)
     """A bundle is sent as soon as it holds this many requests."""
 
