@@ -46,6 +46,7 @@ from inferbus_worker.heartbeat import NATS_ERRORS, Heartbeat, VersionKey, wait_e
 from inferbus_worker.hostspec import HostSpec
 from inferbus_worker.processing import build_processing
 from inferbus_worker.runner import ModelRunner
+from inferbus_worker.sequences import SequenceRunner
 from inferbus_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class Worker:
         )
         self._trt_cache_dir: Path = settings.trt_cache_dir or self.cache.root / "tensorrt"
         self.states: dict[VersionKey, str] = {}
-        self.runners: dict[VersionKey, ModelRunner] = {}
+        self.runners: dict[VersionKey, ModelRunner | SequenceRunner] = {}
         self._unwanted_since: dict[VersionKey, float] = {}
         self.metrics_port = 0
         self._loads: dict[VersionKey, asyncio.Task[None]] = {}
@@ -347,22 +348,27 @@ class Worker:
         extra = {"model": dv.model, "version": dv.version}
         t0 = time.monotonic()
         engine: Engine | None = None
-        runner: ModelRunner | None = None
+        runner: ModelRunner | SequenceRunner | None = None
         try:
             self._check_signature(dv)
             directory = await self.cache.fetch(dv)
             engine = build_engine(dv.config, directory, trt_cache_dir=self._trt_cache_dir)
             await asyncio.to_thread(_load_engine, engine, dv.config)
-            processing = await asyncio.to_thread(build_processing, dv.config, directory)
-            runner = ModelRunner(
-                self._nc,
-                self._nc.jetstream(),
-                self.subjects,
-                self.settings,
-                dv,
-                engine,
-                processing=processing,
-            )
+            if dv.config.sequence_batching is not None:
+                # A stateful model: requests come straight from the gateway on this
+                # worker's own subject (inferbus_worker.sequences), not the work queue.
+                runner = SequenceRunner(self._nc, self.subjects, self.instance_id, dv, engine)
+            else:
+                processing = await asyncio.to_thread(build_processing, dv.config, directory)
+                runner = ModelRunner(
+                    self._nc,
+                    self._nc.jetstream(),
+                    self.subjects,
+                    self.settings,
+                    dv,
+                    engine,
+                    processing=processing,
+                )
             await runner.start()
         except BaseException as exc:
             if runner is not None:
