@@ -14,6 +14,8 @@ from inferbus_common.datatypes import ALL_DATATYPES, BYTES, numpy_dtype
 from inferbus_common.errors import InvalidArgument
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.classification import class_count
+from inferbus_gateway.sequences import sequence_flags
+from inferbus_gateway.sharedmemory import shm_ref
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 
 #: V2 datatype → the `InferTensorContents` field that carries it (FP16 has none).
@@ -36,6 +38,11 @@ CONTENTS_FIELD: dict[str, str] = {
 def _param_value(p: pb.InferParameter) -> object:
     kind = p.WhichOneof("parameter_choice")
     return getattr(p, kind) if kind else None
+
+
+def _params(params: object) -> dict[str, object]:
+    """A protobuf parameter map as plain values."""
+    return {k: _param_value(v) for k, v in params.items()}  # type: ignore[attr-defined]
 
 
 def _typed_to_raw(t: pb.ModelInferRequest.InferInputTensor, shape: tuple[int, ...]) -> bytes:
@@ -76,6 +83,7 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
             f"{len(req.inputs)} inputs"
         )
     tensors = []
+    shm_inputs = {}
     for i, t in enumerate(req.inputs):
         if t.datatype not in ALL_DATATYPES:
             raise InvalidArgument(
@@ -85,15 +93,25 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
         shape = tuple(int(d) for d in t.shape)
         if any(d < 0 for d in shape):
             raise InvalidArgument(f"input '{t.name}': shape {list(shape)} has a negative dimension")
-        if raw:
+        ref = shm_ref(_params(t.parameters), f"input '{t.name}'") if t.parameters else None
+        if ref is not None:
+            if t.HasField("contents") or (raw and raw[i]):
+                raise InvalidArgument(
+                    f"input '{t.name}': its data is in shared memory; send no contents for it"
+                )
+            shm_inputs[t.name] = ref
+            data: bytes = b""
+        elif raw:
             if t.HasField("contents"):
                 raise InvalidArgument(
                     f"input '{t.name}': give either raw_input_contents or contents, not both"
                 )
-            data: bytes = raw[i]
+            data = raw[i]
         else:
             data = _typed_to_raw(t, shape)
         tensors.append(Tensor(t.name, t.datatype, shape, data))
+    if raw and shm_inputs and len(raw) != len(req.inputs):
+        raise InvalidArgument("raw_input_contents needs one entry per input (empty for shm inputs)")
     priority = 0
     timeout_override = timeout_s
     for key, value in req.parameters.items():
@@ -116,6 +134,11 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
         for o in req.outputs
         if "classification" in o.parameters
     }
+    shm_outputs = {}
+    for o in req.outputs:
+        ref = shm_ref(_params(o.parameters), f"output '{o.name}'") if o.parameters else None
+        if ref is not None:
+            shm_outputs[o.name] = ref
     return InferRequest(
         model=req.model_name,
         version=req.model_version,
@@ -125,6 +148,9 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
         priority=priority,
         timeout_s=timeout_override,
         classification=classification,
+        sequence=sequence_flags(_params(req.parameters)) if req.parameters else None,
+        shm_inputs=shm_inputs,
+        shm_outputs=shm_outputs,
     )
 
 
@@ -132,7 +158,15 @@ def response_to_proto(resp: InferResponse) -> pb.ModelInferResponse:
     """`ModelInferResponse` with raw output contents and stage timings as parameters."""
     out = pb.ModelInferResponse(model_name=resp.model, model_version=resp.version, id=resp.id)
     for t in resp.outputs:
-        out.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        entry = out.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        ref = resp.shm_outputs.get(t.name)
+        if ref is not None:
+            # In shared memory: named there, no bytes in the answer (as Triton).
+            entry.parameters["shared_memory_region"].string_param = ref.region
+            entry.parameters["shared_memory_byte_size"].int64_param = ref.byte_size
+            if ref.offset:
+                entry.parameters["shared_memory_offset"].int64_param = ref.offset
+            continue
         out.raw_output_contents.append(bytes(t.data))
     for stage, ms in resp.timings_ms.items():
         out.parameters[f"inferbus_{stage}_us"].int64_param = int(ms * 1000)
