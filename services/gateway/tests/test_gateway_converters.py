@@ -149,7 +149,11 @@ def test_raw_and_typed_contents_in_one_request_are_refused() -> None:
     a.contents.fp32_contents.append(1.0)
     req.inputs.add(name="b", datatype="FP32", shape=[1])
     req.raw_input_contents.extend([np.float32(1).tobytes(), np.float32(2).tobytes()])
-    with pytest.raises(InvalidArgument, match="either raw_input_contents or contents"):
+    with pytest.raises(
+        InvalidArgument,
+        match="contents field must not be specified when using raw_input_contents for 'a' "
+        "for model 'm'",
+    ):
         request_from_proto(req, None)
 
 

@@ -77,6 +77,14 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
         InvalidArgument: unknown datatype, raw/typed contents that don't line up.
     """
     raw = req.raw_input_contents
+    if raw:
+        typed = next((t.name for t in req.inputs if t.HasField("contents")), None)
+        if typed is not None:
+            # Triton's wording, which its example clients look for.
+            raise InvalidArgument(
+                f"contents field must not be specified when using raw_input_contents for "
+                f"'{typed}' for model '{req.model_name}'"
+            )
     if raw and len(raw) != len(req.inputs):
         raise InvalidArgument(
             f"raw_input_contents has {len(raw)} entries but the request has "
@@ -102,10 +110,6 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
             shm_inputs[t.name] = ref
             data: bytes = b""
         elif raw:
-            if t.HasField("contents"):
-                raise InvalidArgument(
-                    f"input '{t.name}': give either raw_input_contents or contents, not both"
-                )
             data = raw[i]
         else:
             data = _typed_to_raw(t, shape)
