@@ -267,6 +267,7 @@ def rest_app(
             Route("/v2/health/live", live),
             Route("/v2/health/ready", ready),
             Route("/v2", server_metadata),
+            Route("/v2/", server_metadata),  # as the Open Inference Protocol spec writes it
             Route("/v2/models/stats", model_stats),
             Route("/v2/models/{model}/stats", model_stats),
             Route("/v2/models/{model}/versions/{version}/stats", model_stats),
