@@ -41,9 +41,10 @@ def test_inputs_are_read_and_outputs_written_through_a_region(tmp_path: Path) ->
     assert np.array_equal(request.inputs[0].as_numpy().reshape(-1), data)
     words = np.array([b"one", b"two"], dtype=object)
     response = InferResponse(model="m", version="1", id="", outputs=[tensor_from_numpy("Y", words)])
-    shm.write_outputs(request, response, "acme")
-    assert response.outputs[0].data == b""
-    assert response.shm_outputs["Y"] == ShmRef("io", len(serialize_bytes(words)), 100)
+    sent = shm.write_outputs(request, response, "acme")
+    assert sent.outputs[0].data == b"" and sent.outputs[0].shape == (2,)
+    assert sent.shm_outputs["Y"] == ShmRef("io", len(serialize_bytes(words)), 100)
+    assert response.outputs[0].nbytes > 0 and not response.shm_outputs  # left as it was
     written = path.read_bytes()[64 + 100 : 64 + 100 + len(serialize_bytes(words))]
     assert written == serialize_bytes(words)
     shm.unregister("acme")

@@ -410,7 +410,7 @@ class InferenceService:
             await self._record(request, protocol, outcome, exc.code.name, reason, t0)
             raise
         if request.shm_outputs:
-            self._shm().write_outputs(request, response, request.tenant)
+            response = self._shm().write_outputs(request, response, request.tenant)
         answered, latency = _answered_metrics(request.model, response.version, protocol)
         answered.inc()
         latency.observe(time.perf_counter() - t0)
@@ -574,7 +574,8 @@ class InferenceService:
         if dv.config.generative:
             raise FailedPrecondition(
                 f"model '{dv.model}' is generative; call it with the OpenAI-compatible "
-                "API (POST /v1/chat/completions or /v1/completions)"
+                "API (POST /v1/chat/completions or /v1/completions) or gRPC "
+                "ModelStreamInfer (Triton's vLLM backend inputs)"
             )
         if dv.config.decoupled is not None and not request.streaming:
             raise FailedPrecondition(

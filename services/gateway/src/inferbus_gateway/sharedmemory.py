@@ -24,7 +24,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from prometheus_client import Counter
@@ -228,15 +228,24 @@ class SystemSharedMemory:
             SHM_BYTES.labels("input").inc(ref.byte_size)
             check_raw_size(name, tensor.datatype, tensor.shape, tensor.data)
 
-    def write_outputs(self, request: InferRequest, response: InferResponse, owner: str) -> None:
-        """Write the outputs `request` asked into regions there (their data then empties).
+    def write_outputs(
+        self, request: InferRequest, response: InferResponse, owner: str
+    ) -> InferResponse:
+        """Write the outputs `request` asked into regions there.
+
+        Returns the answer to send: those outputs without their bytes, naming
+        their region (`response` itself is left as it is: it may be a cached
+        answer replayed to a retry).
 
         Raises:
             InvalidArgument: an unknown region, or an output larger than its span.
         """
+        outputs = []
+        placed: dict[str, ShmRef] = {}
         for tensor in response.outputs:
             ref = request.shm_outputs.get(tensor.name)
             if ref is None:
+                outputs.append(tensor)
                 continue
             what = f"output '{tensor.name}'"
             size = tensor.nbytes
@@ -248,5 +257,6 @@ class SystemSharedMemory:
                 region, start, _ = self._span(owner, ref, what)
                 region.map[start : start + size] = memoryview(tensor.data).cast("B")
             SHM_BYTES.labels("output").inc(size)
-            response.shm_outputs[tensor.name] = ShmRef(ref.region, size, ref.offset)
-            tensor.data = b""
+            placed[tensor.name] = ShmRef(ref.region, size, ref.offset)
+            outputs.append(Tensor(tensor.name, tensor.datatype, tensor.shape, b""))
+        return replace(response, outputs=outputs, shm_outputs=placed)
