@@ -7,10 +7,13 @@ The gRPC and REST layers convert their wire messages to and from these; the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from inferbus_common.codec import Tensor
 from inferbus_common.sequences import SequenceFlags
+
+if TYPE_CHECKING:
+    from inferbus_gateway.sequences import SequenceTurn
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +52,7 @@ class InferRequest:
     (Triton's classification extension, `inferbus_gateway.classification`)."""
     sequence: SequenceFlags | None = None
     """Triton's ``sequence_id``/``sequence_start``/``sequence_end`` (stateful models)."""
-    turn: Any = None
+    turn: SequenceTurn | None = None
     """The request's place in its sequence's order, taken when a stream read it
     (`inferbus_gateway.sequences.SequenceRouter.turn`); None: taken when sent."""
     streaming: bool = False

@@ -84,7 +84,7 @@ request's deadline)."""
 _Key = tuple[str, str, str]
 
 
-class _Turn:
+class SequenceTurn:
     """A request's place in its sequence's order: it may go once `ready` is done."""
 
     __slots__ = ("done", "ready")
@@ -182,7 +182,7 @@ class SequenceRouter:
         """Sequences whose worker this gateway knows."""
         return len(self._bound)
 
-    def turn(self, model: str, version: str, flags: SequenceFlags) -> _Turn:
+    def turn(self, model: str, version: str, flags: SequenceFlags) -> SequenceTurn:
         """Take the next place in a sequence's order (call in the order requests came).
 
         `model` and `version` are as the client named them (an empty version is
@@ -199,7 +199,7 @@ class SequenceRouter:
                 del self._last[key]
 
         done.add_done_callback(forget)
-        return _Turn(previous, done)
+        return SequenceTurn(previous, done)
 
     def _ready_workers(self, dv: DeployedVersion) -> list[str]:
         return sorted(w.worker_id for w in self._catalog.ready_workers(dv.model, dv.version))
@@ -220,7 +220,7 @@ class SequenceRouter:
         outputs: Sequence[str],
         deadline_ns: int,
         traceparent: str = "",
-        turn: _Turn | None = None,
+        turn: SequenceTurn | None = None,
     ) -> Reply:
         """Send one request of a sequence to its worker and wait for the reply.
 

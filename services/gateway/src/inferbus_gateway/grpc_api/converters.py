@@ -40,7 +40,7 @@ def _param_value(p: pb.InferParameter) -> object:
     return getattr(p, kind) if kind else None
 
 
-def _params(params: object) -> dict[str, object]:
+def parameter_values(params: object) -> dict[str, object]:
     """A protobuf parameter map as plain values."""
     return {k: _param_value(v) for k, v in params.items()}  # type: ignore[attr-defined]
 
@@ -78,13 +78,13 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
     """
     raw = req.raw_input_contents
     if raw:
-        typed = next((t.name for t in req.inputs if t.HasField("contents")), None)
-        if typed is not None:
-            # Triton's wording, which its example clients look for.
-            raise InvalidArgument(
-                f"contents field must not be specified when using raw_input_contents for "
-                f"'{typed}' for model '{req.model_name}'"
-            )
+        for t in req.inputs:
+            if t.HasField("contents"):
+                # Triton's wording, which its example clients look for.
+                raise InvalidArgument(
+                    f"contents field must not be specified when using raw_input_contents for "
+                    f"'{t.name}' for model '{req.model_name}'"
+                )
     if raw and len(raw) != len(req.inputs):
         raise InvalidArgument(
             f"raw_input_contents has {len(raw)} entries but the request has "
@@ -101,9 +101,9 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
         shape = tuple(int(d) for d in t.shape)
         if any(d < 0 for d in shape):
             raise InvalidArgument(f"input '{t.name}': shape {list(shape)} has a negative dimension")
-        ref = shm_ref(_params(t.parameters), f"input '{t.name}'") if t.parameters else None
+        ref = shm_ref(parameter_values(t.parameters), f"input '{t.name}'") if t.parameters else None
         if ref is not None:
-            if t.HasField("contents") or (raw and raw[i]):
+            if t.HasField("contents") or (raw and raw[i]):  # raw: one (empty) entry per input
                 raise InvalidArgument(
                     f"input '{t.name}': its data is in shared memory; send no contents for it"
                 )
@@ -114,8 +114,6 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
         else:
             data = _typed_to_raw(t, shape)
         tensors.append(Tensor(t.name, t.datatype, shape, data))
-    if raw and shm_inputs and len(raw) != len(req.inputs):
-        raise InvalidArgument("raw_input_contents needs one entry per input (empty for shm inputs)")
     priority = 0
     timeout_override = timeout_s
     for key, value in req.parameters.items():
@@ -133,14 +131,17 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
             # Triton's convention: the request parameter "timeout" is in microseconds.
             t = v / 1e6
             timeout_override = t if timeout_override is None else min(t, timeout_override)
-    classification = {
-        o.name: class_count(_param_value(o.parameters["classification"]), o.name)
-        for o in req.outputs
-        if "classification" in o.parameters
-    }
+    outputs = []
+    classification: dict[str, int] = {}
     shm_outputs = {}
     for o in req.outputs:
-        ref = shm_ref(_params(o.parameters), f"output '{o.name}'") if o.parameters else None
+        outputs.append(o.name)
+        if not o.parameters:
+            continue
+        params = parameter_values(o.parameters)
+        if "classification" in params:
+            classification[o.name] = class_count(params["classification"], o.name)
+        ref = shm_ref(params, f"output '{o.name}'")
         if ref is not None:
             shm_outputs[o.name] = ref
     return InferRequest(
@@ -148,11 +149,11 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
         version=req.model_version,
         id=req.id,
         inputs=tensors,
-        outputs=[o.name for o in req.outputs],
+        outputs=outputs,
         priority=priority,
         timeout_s=timeout_override,
         classification=classification,
-        sequence=sequence_flags(_params(req.parameters)) if req.parameters else None,
+        sequence=sequence_flags(parameter_values(req.parameters)) if req.parameters else None,
         shm_inputs=shm_inputs,
         shm_outputs=shm_outputs,
     )

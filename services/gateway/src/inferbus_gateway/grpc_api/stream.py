@@ -39,9 +39,13 @@ from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.classification import Classifier
 from inferbus_gateway.decoupled import split_responses
 from inferbus_gateway.generation import GenerationService
-from inferbus_gateway.grpc_api.converters import _params, request_from_proto, response_to_proto
+from inferbus_gateway.grpc_api.converters import (
+    parameter_values,
+    request_from_proto,
+    response_to_proto,
+)
 from inferbus_gateway.grpc_api.tolerant import Undecodable
-from inferbus_gateway.sequences import sequence_flags
+from inferbus_gateway.sequences import SequenceTurn, sequence_flags
 from inferbus_gateway.service import InferenceService
 from inferbus_gateway.tritonllm import chunk_outputs, read_call
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
@@ -152,13 +156,13 @@ class StreamHandler:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(reader, *tasks, return_exceptions=True)
 
-    def _turn(self, request: pb.ModelInferRequest) -> Any:
+    def _turn(self, request: pb.ModelInferRequest) -> SequenceTurn | None:
         """The request's place in its sequence, taken in stream order (None: not a sequence)."""
         sequences = self._service.sequences
         if sequences is None or not request.parameters:
             return None
         try:
-            flags = sequence_flags(_params(request.parameters))
+            flags = sequence_flags(parameter_values(request.parameters))
         except InferbusError:
             return None  # refused when the request is served
         if flags is None:
@@ -168,7 +172,7 @@ class StreamHandler:
     async def _serve_one(
         self,
         request: pb.ModelInferRequest,
-        turn: Any,
+        turn: SequenceTurn | None,
         headers: dict[str, str],
         context: grpc.aio.ServicerContext,
         out: asyncio.Queue[pb.ModelStreamInferResponse | None],
@@ -225,12 +229,7 @@ class StreamHandler:
             return
         for part in split_responses(decoupled, response):
             out.put_nowait(_final(response_to_proto(part), False))
-        param = request.parameters.get(EMPTY_FINAL)
-        if (
-            param is not None
-            and param.WhichOneof("parameter_choice") == "bool_param"
-            and (param.bool_param)
-        ):
+        if parameter_values(request.parameters).get(EMPTY_FINAL) is True:
             empty = pb.ModelInferResponse(
                 model_name=response.model, model_version=response.version, id=response.id
             )
@@ -259,7 +258,7 @@ class StreamHandler:
             canonical = request_from_proto(request, context.time_remaining())
             scope.request = canonical
             dv = self._generation.resolve(request.model_name, request.model_version)
-            call = read_call(dv.config, canonical.inputs, _params(request.parameters))
+            call = read_call(dv.config, canonical.inputs, parameter_values(request.parameters))
             request_id = canonical.id or uuid.uuid4().hex
             generation = await self._generation.open(
                 request.model_name,
