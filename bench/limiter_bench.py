@@ -20,9 +20,10 @@ import contextlib
 import statistics
 import time
 
+from inferbus_common.admission.keys import AdmissionKeys, connect_redis
+from inferbus_common.admission.limits import Limit, Scope, set_limit
 from inferbus_common.errors import ResourceExhausted
-from inferbus_gateway.admission._redis import AdmissionKeys, connect_redis
-from inferbus_gateway.admission.ratelimit import REDIS_CALLS, Limit, RateLimiter, Scope, set_limit
+from inferbus_gateway.admission.ratelimit import REDIS_CALLS, RateLimiter
 from inferbus_testing.servers import RedisServer
 
 KEYS = AdmissionKeys("bench")

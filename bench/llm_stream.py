@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".venvs" / "vllm" / "bin" / "python"
 MODEL = "tiny-llm"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_window import read_stat  # noqa: E402
 from record import machine_info  # noqa: E402
 
 
@@ -78,11 +79,8 @@ async def one_stream(http: httpx.AsyncClient, url: str, max_tokens: int) -> dict
 
 def _ticks(pid: int) -> int:
     """utime + stime of a process (clock ticks), 0 if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])
+    stat = read_stat(pid)
+    return stat.cpu_ticks if stat is not None else 0
 
 
 def _family(pid: int) -> list[int]:

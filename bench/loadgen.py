@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import shlex
@@ -43,6 +44,8 @@ from typing import Any
 import numpy as np
 from record import RESULTS_DIR, append_result, machine_info
 
+MARK = "loadgen: "
+"""Prefix of the ``--marks`` lines on stderr."""
 STAGES = ("queue", "compute", "gateway", "total")
 """Stage timings inferbus puts into the response parameters as ``inferbus_<stage>_us``."""
 
@@ -401,6 +404,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--label", default="", help="free-text tag stored with the result")
     p.add_argument(
+        "--marks",
+        action="store_true",
+        help=f"print {MARK}measuring / {MARK}measured on stderr when the warm-up ends and"
+        " when the last request is answered (run_all.py reads server CPU there)",
+    )
+    p.add_argument(
         "--out", type=Path, default=RESULTS_DIR / "loadgen.jsonl", help="JSONL file to append to"
     )
     args = p.parse_args(argv)
@@ -411,6 +420,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.rate is not None and args.rate <= 0:
         p.error("--rate must be positive")
     return args
+
+
+async def _mark_at(t: float) -> None:
+    """Print the ``measuring`` mark at perf_counter time `t` (the end of the warm-up)."""
+    await asyncio.sleep(max(0.0, t - time.perf_counter()))
+    print(f"{MARK}measuring", file=sys.stderr, flush=True)
 
 
 async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
@@ -429,21 +444,30 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         t0 = time.perf_counter()
         t_measure = t0 + args.warmup
         t_end = t_measure + args.duration
-        if args.concurrency is not None:
-            outcomes = await closed_loop(
-                target.send, args.concurrency, t_measure, t_end, args.requests
-            )
-        else:
-            outcomes = await open_loop(
-                target.send,
-                args.rate,
-                args.arrival,
-                t_measure,
-                t_end,
-                args.requests,
-                args.max_outstanding,
-                args.seed,
-            )
+        marker = asyncio.create_task(_mark_at(t_measure)) if args.marks else None
+        try:
+            if args.concurrency is not None:
+                outcomes = await closed_loop(
+                    target.send, args.concurrency, t_measure, t_end, args.requests
+                )
+            else:
+                outcomes = await open_loop(
+                    target.send,
+                    args.rate,
+                    args.arrival,
+                    t_measure,
+                    t_end,
+                    args.requests,
+                    args.max_outstanding,
+                    args.seed,
+                )
+        finally:
+            if marker is not None:
+                marker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await marker
+        if args.marks:
+            print(f"{MARK}measured", file=sys.stderr, flush=True)
     finally:
         await target.close()
     return {

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from cpu_window import proc_cpu_s
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from record import REPO, RESULTS_DIR, append_result, machine_info
 from stack import BenchStack
@@ -117,12 +117,7 @@ def loadgen(url: str, label: str, args: argparse.Namespace, out: Path) -> dict[s
 
 def cpu_seconds(pids: Sequence[int]) -> float:
     """User + system CPU seconds the processes used so far (from /proc)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / ticks
+    return sum(proc_cpu_s(pid) for pid in pids)
 
 
 def answered(stack: BenchStack) -> float:

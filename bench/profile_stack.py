@@ -46,6 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
+from cpu_window import nats_msgs, proc_cpu_s
 from render import summarize_collapsed
 from stack import BenchStack
 
@@ -124,12 +125,13 @@ def sampled_run(
         window = max(duration - 1.0, 1.0)
         (sample_dir / "go").write_text(f"{label} {window}")
         # nats-server is not Python: its CPU comes from /proc over the same window.
-        if nats_pid is not None:
+        if nats_pid is not None and stack.nats is not None:
+            port = stack.nats.monitor_port
             t0, c0 = time.monotonic(), proc_cpu_s(nats_pid)
-            v0 = nats_varz(stack)
+            v0 = nats_msgs(port)
             time.sleep(window)
             fills["nats"] = (proc_cpu_s(nats_pid) - c0, time.monotonic() - t0)
-            v1 = nats_varz(stack)
+            v1 = nats_msgs(port)
             if v0 and v1:
                 fills["msgs"] = (v1[0] - v0[0], v1[1] - v0[1], time.monotonic() - t0)
         with contextlib.suppress(httpx.HTTPError):
@@ -200,23 +202,6 @@ def sampled_run(
         fill["msgs_in_per_req"] = round(n_in / (served * wall), 2)
         fill["msgs_out_per_req"] = round(n_out / (served * wall), 2)
     return {"line": line, "procs": procs, "fill": fill}
-
-
-def nats_varz(stack: BenchStack) -> tuple[int, int] | None:
-    """nats-server's ``in_msgs`` and ``out_msgs`` counters (None when unreadable)."""
-    if stack.nats is None or not stack.nats.monitor_port:
-        return None
-    try:
-        varz = httpx.get(f"http://127.0.0.1:{stack.nats.monitor_port}/varz", timeout=5.0).json()
-    except (httpx.HTTPError, ValueError):
-        return None
-    return int(varz["in_msgs"]), int(varz["out_msgs"])
-
-
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux ``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -184,19 +184,24 @@ def render(
         "* **hung**: nothing by deadline + 1 s;",
         "* **first OK**: from the heal to the first correct answer; **recovered**: from "
         "the heal to the start of the unbroken run of correct answers that lasts to the "
-        "end (0: nothing failed after the heal).",
+        "end (0: nothing failed after the heal);",
+        "* **in flight at the fault**: requests sent and not yet answered when the fault "
+        "struck, and when the last of them was answered (seconds after it struck).",
         "",
         "| fault | load during it | sent | answered correctly | explicit error | lost | "
-        "hung | first OK | recovered | errors by kind |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "hung | in flight at the fault | first OK | recovered | errors by kind |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in faults:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "—"
         load = f"{r['load']}; {r['baseline_rps']:g} req/s before"
+        caught = r.get("in_flight", 0)
+        answered = r.get("in_flight_answered_s")
+        in_flight = f"{caught}, last answered {answered:.2f} s after" if answered else "—"
         lines.append(
             f"| **{r['fault']}**: {r['what']} | {load} | {r['sent']} | {r['correct']} | "
-            f"{r['explicit_error']} | {r['lost']} | {r['hung']} | {_fmt_s(r['first_ok_s'])} | "
-            f"{_fmt_s(r['recovered_s'])} | {kinds} |"
+            f"{r['explicit_error']} | {r['lost']} | {r['hung']} | {in_flight} | "
+            f"{_fmt_s(r['first_ok_s'])} | {_fmt_s(r['recovered_s'])} | {kinds} |"
         )
     crashed = [(r["fault"], svc) for r in faults for svc in r.get("start_crashes", [])]
     if crashed:
@@ -293,9 +298,13 @@ def render(
         "the workers' consumers are re-created, the catalogs re-watched, by the "
         "services themselves. *first OK* is about one deadline after the heal because "
         "each closed-loop client is still waiting on its lost request.",
-        "* A killed worker's micro-batch is redelivered to the other after `ack_wait` "
-        "(1.5 s here); a frozen worker's too, and its late replies are dropped as "
-        "duplicates by the gateway.",
+        "* A killed worker's micro-batches are redelivered to the other after their "
+        "first ack wait (0.5 s; the worker keeps the batches it works on alive, so "
+        "only a dead or frozen worker's come back): *kill-busy-worker* kills one while "
+        "it holds batches, whose requests are answered correctly about half a second "
+        "after the kill instead of at their deadline. A frozen worker's batches are "
+        "redelivered the same way, and its late replies are dropped as duplicates by "
+        "the gateway.",
         "* The matrix runs with the gateways' circuit breakers off "
         "(`INFERBUS_GATEWAY_BREAKER_ENABLED=false`): a breaker would turn the burst of "
         "errors of a fault into `breaker_open_s` of refusals after it, which measures "

@@ -17,6 +17,7 @@ import re
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,12 @@ REPO = Path(__file__).resolve().parents[1]
 TARGETS = ("inferbus", "triton", "mlserver")
 BATCHING_TARGET = 3.0
 """Issue target: dynamic batching gives at least 3x over max_batch_size 1 (heavy, c=64)."""
+HIGH_CONCURRENCY = 64
+"""The concurrency issue 18's throughput, p99, CPU and message targets are set at."""
+CPU_TARGET_US = 600.0
+"""Issue 18: platform CPU (services + nats-server) per request at c=64, at most."""
+MSGS_TARGET = 1.0
+"""Issue 18: messages published to nats-server per request at c=64, at most."""
 
 _FRAME_RE = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 _ENTRY_FRAMES = re.compile(
@@ -145,6 +152,11 @@ class Results:
             if r.get("kind") == "loadgen" and not str(r.get("label", "")).startswith("profile/")
         ]
         self.fill = {r["label"]: r for r in records if r.get("kind") == "batch_fill"}
+        self.cpu = {
+            (r["target"], r["model"], r["concurrency"]): r
+            for r in records
+            if r.get("kind") == "platform_cpu"
+        }
         self.errors = [r for r in records if r.get("kind") == "error"]
         self.profiles = [_resummarize(r) for r in records if r.get("kind") == "profile"]
         self.cold = [r for r in records if r.get("kind") == "cold_start"]
@@ -159,6 +171,10 @@ class Results:
             if (r["target"], r["model"], r["concurrency"]) == (target, model, concurrency):
                 return r
         return None
+
+    def cpu_for(self, target: str, model: str, concurrency: int) -> dict[str, Any] | None:
+        """The ``platform_cpu`` record of one cell, if measured."""
+        return self.cpu.get((target, model, concurrency))
 
     def raw_for(self, model: str, threads: int) -> dict[str, Any] | None:
         """Raw ORT record for a model and thread setting (0 = all cores)."""
@@ -179,6 +195,268 @@ class Results:
     def concurrencies(self) -> list[int]:
         """Concurrency levels measured, ascending."""
         return sorted({r["concurrency"] for r in self.load if r["concurrency"]})
+
+
+# ----------------------------------------------------------------- targets
+
+
+@dataclass(frozen=True, slots=True)
+class TargetRow:
+    """One of issue 18's targets for one model, as this run measured it."""
+
+    target: str
+    model: str
+    inferbus: str
+    """What inferbus measured (text)."""
+    compared: str
+    """What it is compared with (a peer's figure, the limit), text."""
+    met: bool | None
+    """None: not measured in this run, or a figure that is reported, not judged."""
+    measured: bool = True
+
+
+def _cpu_text(rec: dict[str, Any] | None) -> str:
+    if rec is None or rec.get("total_cpu_us_per_req") is None:
+        return "not measured"
+    return f"{rec['total_cpu_us_per_req']:,.0f} µs/req"
+
+
+def _throughput_target(
+    model: str,
+    c: int,
+    ib: dict[str, Any] | None,
+    peer: dict[str, Any] | None,
+    label: str,
+    at_least: float,
+) -> TargetRow:
+    """inferbus' requests/s at least `at_least` times a peer's."""
+    name = f"c={c} throughput ≥ {at_least:.1f}× {label}'s"
+    if not (ib and peer and peer["throughput_rps"]):
+        return TargetRow(name, model, "not measured", f"inferbus and {label} at c={c}", None, False)
+    ratio = ib["throughput_rps"] / peer["throughput_rps"]
+    return TargetRow(
+        name,
+        model,
+        f"{ib['throughput_rps']:,.0f} req/s = **{ratio:.2f}×**",
+        f"{label} {peer['throughput_rps']:,.0f} req/s",
+        ratio >= at_least,
+    )
+
+
+def _ms(x: float) -> str:
+    """Three significant digits, without an exponent for large values."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _latency_target(
+    model: str, c: int, ib: dict[str, Any] | None, peer: dict[str, Any] | None, pct: str
+) -> TargetRow:
+    """inferbus' latency percentile `pct` no higher than Triton's."""
+    name = f"c={c} {pct} ≤ Triton's"
+    ours = ib["latency_ms"][pct] if ib else None
+    theirs = peer["latency_ms"][pct] if peer else None
+    if ours is None or not theirs:
+        return TargetRow(name, model, "not measured", f"inferbus and Triton at c={c}", None, False)
+    return TargetRow(name, model, f"{_ms(ours)} ms", f"Triton {_ms(theirs)} ms", ours <= theirs)
+
+
+def target_rows(res: Results) -> list[TargetRow]:
+    """Issue 18's targets, one row per target and example model, from this run only."""
+    c = HIGH_CONCURRENCY
+    rows: list[TargetRow] = []
+    for model in ("fraud", "heavy"):
+        ib, tr, ml = (res.get(t, model, c) for t in TARGETS)
+        rows += [
+            _throughput_target(model, c, ib, tr, "Triton", 1.0),
+            _latency_target(model, c, ib, tr, "p99"),
+            _throughput_target(model, c, ib, ml, "MLServer", 2.0),
+        ]
+        name = f"platform CPU per request at c={c} ≤ {CPU_TARGET_US:.0f} µs"
+        cpu = res.cpu_for("inferbus", model, c) or {}
+        total = cpu.get("total_cpu_us_per_req")
+        if total is not None:
+            peers = "; ".join(
+                f"{label} {_cpu_text(res.cpu_for(t, model, c))}"
+                for t, label in (("triton", "Triton"), ("mlserver", "MLServer"))
+            )
+            ours = f"**{total:,.0f} µs/req**"
+            if cpu.get("notes"):
+                ours += " (incomplete: see the notes under the CPU table)"
+            rows.append(TargetRow(name, model, ours, peers, total <= CPU_TARGET_US))
+        else:
+            rows.append(TargetRow(name, model, "not measured", "inferbus' CPU", None, False))
+        name = f"bus messages per request at c={c} ≤ {MSGS_TARGET:.1f} (published to nats-server)"
+        if cpu.get("msgs_in_per_req") is not None:
+            rows.append(
+                TargetRow(
+                    name,
+                    model,
+                    f"**{cpu['msgs_in_per_req']:.2f}** published",
+                    f"{cpu['msgs_out_per_req']:.2f} delivered by nats-server (out)",
+                    cpu["msgs_in_per_req"] <= MSGS_TARGET,
+                )
+            )
+        else:
+            rows.append(TargetRow(name, model, "not measured", "nats-server's /varz", None, False))
+        ib1 = res.get("inferbus", model, 1)
+        rows.append(_latency_target(model, 1, ib1, res.get("triton", model, 1), "p50"))
+        name = "c=1 added p50 over raw onnxruntime (reported)"
+        raw = res.raw_for(model, 1)
+        if ib1 and raw and ib1["latency_ms"]["p50"] is not None:
+            raw_p50 = raw["batch1"]["latency_ms"]["p50"]
+            added = f"+{ib1['latency_ms']['p50'] - raw_p50:.3f} ms"
+            limit = f"raw ORT batch-1 p50 {raw_p50:.3f} ms (1 thread)"
+            rows.append(TargetRow(name, model, added, limit, None))
+        else:
+            rows.append(
+                TargetRow(name, model, "not measured", "inferbus at c=1 and raw ORT", None, False)
+            )
+    return rows
+
+
+def _verdict(row: TargetRow) -> str:
+    if not row.measured:
+        return "not measured"
+    if row.met is None:
+        return "reported"
+    return "yes" if row.met else "**no**"
+
+
+def section_targets(res: Results) -> list[str]:
+    """Issue 18's targets and whether this run met each."""
+    lines = [
+        "## Targets (issue 18) in this run",
+        "",
+        "Every figure below comes from this one run (the tables further down show where)."
+        " Platform CPU = user + system CPU of the gateway, router, batcher, workers and"
+        " nats-server (registry left out: it is off the data path) over the load"
+        " generator's measured window, ÷ requests answered in it; the peers' figure is"
+        " their whole process tree. Bus messages = nats-server's `/varz` `in_msgs`"
+        " (published to it) over the same window ÷ requests answered; `out_msgs`"
+        " (delivered) beside it.",
+        "",
+        "| target | model | inferbus | compared with | met? |",
+        "|---|---|---|---|---|",
+    ]
+    for r in target_rows(res):
+        lines.append(f"| {r.target} | {r.model} | {r.inferbus} | {r.compared} | {_verdict(r)} |")
+    return [*lines, ""]
+
+
+def target_summary(res: Results) -> list[str]:
+    """The targets as plain text lines, for the benchmark's own output."""
+    return [
+        f"{_verdict(r).strip('*'):12s} {r.model:6s} {r.target}: {r.inferbus.replace('**', '')}"
+        f" (vs {r.compared})"
+        for r in target_rows(res)
+    ]
+
+
+def cpu_by_command(rec: dict[str, Any]) -> dict[str, tuple[float, int]]:
+    """µs/req and process count by command name over a ``platform_cpu`` record's processes."""
+    out: dict[str, tuple[float, int]] = {}
+    for _group, comm, _pid, us in rec.get("processes", []):
+        total, n = out.get(comm, (0.0, 0))
+        out[comm] = (total + us, n + 1)
+    return out
+
+
+_PATH_ORDER = {"gateway": 0, "router": 1, "batcher": 2, "worker": 3, "nats-server": 4}
+"""Processes in the order a request meets them (the results file sorts keys)."""
+
+
+def _path_key(name: str) -> tuple[int, str]:
+    return _PATH_ORDER.get(name.rstrip("0123456789"), len(_PATH_ORDER)), name
+
+
+def cpu_summary(rec: dict[str, Any]) -> str:
+    """One line: total CPU per request, its parts and the bus messages of one run."""
+    groups = rec.get("cpu_us_per_req", {})
+    if len(groups) > 1:
+        parts = [f"{name} {_fmt(groups[name], 0)}" for name in sorted(groups, key=_path_key)]
+    else:
+        parts = [
+            f"{comm} {us:,.0f}" + (f" ({n} procs)" if n > 1 else "")
+            for comm, (us, n) in sorted(cpu_by_command(rec).items(), key=lambda kv: -kv[1][0])
+        ]
+    text = (
+        f"CPU {_fmt(rec.get('total_cpu_us_per_req'), 0)} µs/req"
+        f" over {rec.get('window_s')} s: {', '.join(parts)}"
+    )
+    if rec.get("msgs_in_per_req") is not None:
+        text += (
+            f"; bus messages/req {rec['msgs_in_per_req']:.2f} published,"
+            f" {rec['msgs_out_per_req']:.2f} delivered"
+        )
+    return text
+
+
+def section_cpu(res: Results) -> list[str]:
+    """CPU per request by process at c=64, inferbus and the peers."""
+    c = HIGH_CONCURRENCY
+    recs = {
+        m: r
+        for m in ("fraud", "heavy")
+        if (r := res.cpu_for("inferbus", m, c)) and r.get("total_cpu_us_per_req") is not None
+    }
+    models = list(recs)
+    if not models:
+        return [f"## CPU per request at c={c}, by process", "", "Not measured in this run.", ""]
+    seen = {p for r in recs.values() for p in r.get("cpu_us_per_req", {})}
+    procs = sorted(seen, key=_path_key)
+    head = " | ".join(f"{m} µs/req | {m} busy cores" for m in models)
+    tick = recs[models[0]].get("tick_s", 0.01)
+    lines = [
+        f"## CPU per request at c={c}, by process",
+        "",
+        "User + system CPU from `/proc/<pid>/stat` (every thread) between the end of the"
+        " load generator's warm-up and its last answer, ÷ (req/s × that window); busy"
+        " cores = CPU seconds ÷ window. The peers' rows sum their whole process tree"
+        " (by command: the processes that used CPU). The kernel counts CPU in clock ticks"
+        f" ({1000 * tick:g} ms), so each process' figure is ± one tick over the window.",
+        "",
+        f"| process | {head} |",
+        "|---|" + "---|" * (2 * len(models)),
+    ]
+    for p in procs:
+        cells = " | ".join(
+            f"{_fmt(recs[m]['cpu_us_per_req'].get(p), 0)} | {_fmt(recs[m]['busy_core'].get(p), 2)}"
+            for m in models
+        )
+        lines.append(f"| {p} | {cells} |")
+    cells = " | ".join(
+        f"**{_fmt(recs[m].get('total_cpu_us_per_req'), 0)}**"
+        f" | {_fmt(sum(v or 0 for v in recs[m]['busy_core'].values()), 2)}"
+        for m in models
+    )
+    lines.append(f"| **inferbus total** | {cells} |")
+    notes: list[str] = [f"inferbus {m}: {n}" for m in models for n in recs[m].get("notes", [])]
+    for target, label in (("triton", "Triton"), ("mlserver", "MLServer")):
+        peer = {m: res.cpu_for(target, m, c) for m in models}
+        if not any(peer.values()):
+            continue
+        cells = " | ".join(
+            f"{_fmt(r.get('total_cpu_us_per_req'), 0)}"
+            f" | {_fmt(sum(v or 0 for v in r.get('busy_core', {}).values()), 2)}"
+            if r
+            else "– | –"
+            for r in peer.values()
+        )
+        lines.append(f"| {label} (whole tree) | {cells} |")
+        for m, r in peer.items():
+            if not r:
+                continue
+            parts = ", ".join(
+                f"`{comm}` {us:,.0f}" + (f" ({n} processes)" if n > 1 else "")
+                for comm, (us, n) in sorted(cpu_by_command(r).items(), key=lambda kv: -kv[1][0])
+            )
+            notes.append(f"{label} {m}, by command: {parts or 'no process used CPU'}")
+            notes += [f"{label} {m}: {n}" for n in r.get("notes", [])]
+            if r.get("error"):
+                notes.append(f"{label} {m}: {r['error']}")
+    lines.append("")
+    lines += [f"* {n}" for n in notes]
+    return [*lines, ""]
 
 
 # ---------------------------------------------------------------- sections
@@ -241,21 +519,29 @@ def section_serving(res: Results) -> list[str]:
         " (`bench/loadgen.py`), warm-up excluded. Batch fill (inferbus only) = mean rows"
         " per micro-batch cut by the batcher (`inferbus_batcher_batch_rows`) / mean rows"
         " per engine execution in the workers (`inferbus_worker_batch_size`; larger when"
-        " workers merge waiting micro-batches).",
+        " workers merge waiting micro-batches). CPU = the server's CPU µs per request"
+        " over the measured window (inferbus: services + nats-server; peers: whole process"
+        " tree); bus msgs = published / delivered by nats-server per request.",
         "",
         "| model | server | conc. | req/s | p50 ms | p90 ms | p99 ms | max ms | errors |"
-        " batch fill |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " batch fill | CPU µs/req | bus msgs/req |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res.load:
         lat = r["latency_ms"]
         fill = res.fill.get(r["label"])
         errors = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "0"
+        cpu = res.cpu_for(r["target"], r["model"], r["concurrency"]) or {}
+        msgs = (
+            f"{cpu['msgs_in_per_req']:.2f} / {cpu['msgs_out_per_req']:.2f}"
+            if cpu.get("msgs_in_per_req") is not None
+            else "–"
+        )
         lines.append(
             f"| {r['model']} | {r['target']} | {r['concurrency']} |"
             f" {_fmt(r['throughput_rps'])} | {_fmt(lat['p50'], 2)} | {_fmt(lat['p90'], 2)} |"
             f" {_fmt(lat['p99'], 2)} | {_fmt(lat['max'], 2)} | {errors} |"
-            f" {_fill(fill)} |"
+            f" {_fill(fill)} | {_fmt(cpu.get('total_cpu_us_per_req'), 0)} | {msgs} |"
         )
     return [*lines, ""]
 
@@ -608,6 +894,8 @@ def render(
         "Generated by `uv run python bench/run_all.py` → `bench/render.py` from one results"
         " file; edit the scripts, not this page. How to run: see the end of this page.",
         "",
+        *section_targets(res),
+        *section_cpu(res),
         *section_machine(res),
         *section_findings(findings),
         *section_batching(res),

@@ -12,7 +12,13 @@ a machine whose load changes:
 3. the peers, each installed into its own virtualenv under ``bench/.venvs/``:
    Triton (NVIDIA's ``nvidia-pytriton`` wheel) and MLServer, serving the same
    ONNX files with dynamic/adaptive batching, measured by the same client;
-4. ``bench/render.py`` turns the results into ``docs/benchmarks.md`` and a plot.
+4. ``bench/render.py`` turns the results into ``docs/benchmarks.md`` and a plot,
+   and the run ends by printing issue 18's targets and whether each was met.
+
+Every measured run also records the server's CPU per answered request over the
+load generator's measured window (``kind: platform_cpu``, `cpu_window.py`):
+for inferbus each service but the registry and nats-server, plus bus messages
+per request from nats-server's ``/varz``; for a peer its whole process tree.
 
 A peer that cannot be installed or started is recorded with the reason and
 the run goes on. Results: ``bench/results/run-<timestamp>.jsonl``.
@@ -36,6 +42,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -43,8 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cpu_window import WindowSampler, missing_processes, nats_msgs
+from loadgen import MARK
 from record import BENCH_DIR, REPO, RESULTS_DIR, append_result, machine_info
-from render import summarize_collapsed
+from render import Results, cpu_summary, load, summarize_collapsed, target_summary
 from stack import BenchStack
 
 from inferbus_testing.processes import ServiceError
@@ -59,6 +68,19 @@ PEER_PACKAGES = {
     "mlserver": ["mlserver==1.7.1", "onnxruntime", "numpy", "uvloop<0.22"],
     "tools": ["py-spy"],
 }
+ENGINE_INSTANCES = 2
+"""inferbus workers, Triton model instances, MLServer parallel workers: the same
+two engine threads for every server."""
+PEER_PROCESSES = {
+    # pytriton_server.py (runs the model callables) starts tritonserver, which
+    # starts one Python-backend stub per model instance (the stub's name is cut
+    # to 15 characters in /proc).
+    "triton": {"tritonserver": 1, "triton_python_b": ENGINE_INSTANCES * len(MODELS)},
+    # `mlserver start` and its parallel workers (spawned Pythons), which run the model.
+    "mlserver": {"mlserver": 1, "python": ENGINE_INSTANCES},
+}
+"""Processes each peer's tree must hold for its CPU figure to be whole (command
+name prefix → at least how many); a shortfall is recorded as a note."""
 PYTRITON_HANDSHAKE_S = 10.0
 """PyTriton 0.7.0 gives its Python-backend stub 1 s to hand-shake with the proxy;
 on a loaded 2-core machine that fails at random, so the throwaway venv gets 10 s."""
@@ -87,6 +109,8 @@ class Runner:
         self.plan = plan
         self.commands: list[str] = []
         self.t0 = time.monotonic()
+        self.raw_p50_ms: dict[str, float] = {}
+        """Raw onnxruntime batch-1 p50 (1 thread) by model, for the added latency."""
 
     def log(self, message: str) -> None:
         """Progress line on stderr with the elapsed time."""
@@ -96,21 +120,70 @@ class Runner:
         """Append a result line."""
         append_result(self.out, record)
 
-    def run_json(self, argv: Sequence[str], timeout: float = 300.0) -> list[dict[str, Any]]:
-        """Run a bench script that prints JSON lines; return them (it appends them itself)."""
+    def run_json(
+        self,
+        argv: Sequence[str],
+        timeout: float = 300.0,
+        on_mark: Callable[[str], None] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run a bench script that prints JSON lines; return them (it appends them itself).
+
+        Args:
+            argv: the command.
+            timeout: seconds before it is killed (`subprocess.TimeoutExpired`).
+            on_mark: called, as they come, with the word after `loadgen.MARK`
+                of each mark line the script writes on stderr.
+        """
         self.commands.append(shlex.join(argv))
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=REPO
-        )
-        lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+        stderr: list[str] = []
+        expired = threading.Event()
+        with (
+            tempfile.TemporaryFile("w+") as stdout,
+            subprocess.Popen(
+                argv, stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=REPO
+            ) as proc,
+        ):
+
+            def expire() -> None:
+                expired.set()
+                proc.kill()
+
+            timer = threading.Timer(timeout, expire)
+            timer.start()
+            try:
+                assert proc.stderr is not None
+                for text in proc.stderr:
+                    if not text.startswith(MARK):
+                        stderr.append(text)
+                    elif on_mark is not None:
+                        on_mark(text[len(MARK) :].strip())
+            finally:
+                timer.cancel()
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+            if expired.is_set():
+                raise subprocess.TimeoutExpired(list(argv), timeout)
+            stdout.seek(0)
+            lines = [json.loads(x) for x in stdout.read().splitlines() if x.startswith("{")]
         if proc.returncode != 0 and not lines:
-            raise RuntimeError(f"{shlex.join(argv)} failed:\n{proc.stderr[-2000:]}")
+            raise RuntimeError(f"{shlex.join(argv)} failed:\n{''.join(stderr)[-2000:]}")
         return lines
 
     def loadgen(
-        self, target: str, url: str, model: str, concurrency: int, label: str = ""
+        self,
+        target: str,
+        url: str,
+        model: str,
+        concurrency: int,
+        label: str = "",
+        sampler: WindowSampler | None = None,
     ) -> dict[str, Any] | None:
-        """One closed-loop run of ``bench/loadgen.py``; None when it produced nothing."""
+        """One closed-loop run of ``bench/loadgen.py``; None when it produced nothing.
+
+        With a `sampler`, the server's CPU (and bus messages) over the measured
+        window are recorded as a ``platform_cpu`` result and printed.
+        """
         argv = [
             PYTHON,
             "bench/loadgen.py",
@@ -130,9 +203,11 @@ class Runner:
             label or f"{target}/{model}/c{concurrency}",
             "--out",
             str(self.out),
+            *(["--marks"] if sampler is not None else []),
         ]
+        on_mark = sampler.mark if sampler is not None else None
         try:
-            (line,) = self.run_json(argv, timeout=self.plan.duration_s * 4 + 60)
+            (line,) = self.run_json(argv, timeout=self.plan.duration_s * 4 + 60, on_mark=on_mark)
         except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
             self.log(f"loadgen failed: {exc}")
             self.record({"kind": "error", "target": target, "stage": "loadgen", "error": str(exc)})
@@ -142,7 +217,33 @@ class Runner:
             f"{target:9s} {model:9s} c={concurrency:<3d} {line['throughput_rps']:8.1f} req/s"
             f"  p50 {lat['p50']} ms  p99 {lat['p99']} ms  errors {line['errors']}"
         )
+        if sampler is not None:
+            self.record_cpu(line, sampler)
         return line
+
+    def record_cpu(self, line: dict[str, Any], sampler: WindowSampler) -> None:
+        """Record and print the server's CPU and bus messages per request of one run."""
+        record: dict[str, Any] = {
+            "kind": "platform_cpu",
+            "label": line["label"],
+            "target": line["target"],
+            "model": line["model"],
+            "concurrency": line["concurrency"],
+            "throughput_rps": line["throughput_rps"],
+            "loadgen_window_s": line["window_s"],
+        }
+        figures = sampler.figures(line["throughput_rps"])
+        if figures is None:
+            record["error"] = "the load generator gave no warm-up/end marks: CPU not measured"
+            self.log(f"  {record['error']}")
+            self.record(record)
+            return
+        record |= figures
+        record["notes"] = [*figures["notes"], *missing_processes(figures["found"], sampler.expect)]
+        self.record(record)
+        self.log(f"  {cpu_summary(record)}")
+        for note in record["notes"]:
+            self.log(f"  note: {note}")
 
 
 # ----------------------------------------------------------------- models
@@ -303,11 +404,21 @@ def profile_services(stack: BenchStack, runner: Runner, work: Path) -> None:
         )
 
 
+def platform_sampler(stack: BenchStack) -> WindowSampler:
+    """CPU of every service but the registry (off the data path), and of nats-server."""
+    groups = {name: pid for name, pid in stack.pids().items() if name != "registry"}
+    nats = stack.nats
+    # pid 0 is never in /proc: a nats-server that is not running shows as a note.
+    groups["nats-server"] = (nats.pid if nats is not None else None) or 0
+    port = nats.monitor_port if nats is not None else 0
+    return WindowSampler(groups, msgs=lambda: nats_msgs(port))
+
+
 def bench_inferbus(runner: Runner, models: dict[str, Path], work: Path, profile: bool) -> None:
     """Start the stack, measure cold start, every model and concurrency, batching on/off."""
-    runner.log("starting the inferbus stack (2 workers)")
+    runner.log(f"starting the inferbus stack ({ENGINE_INSTANCES} workers)")
     t = time.monotonic()
-    with BenchStack(work / "stack", workers=2) as stack:
+    with BenchStack(work / "stack", workers=ENGINE_INSTANCES) as stack:
         runner.log(f"stack up in {time.monotonic() - t:.1f}s")
         cold = first_prediction_s(stack, models["fraud"], "fraud", timeout=120)
         runner.log(f"cold start fraud: {cold:.2f}s from push to first prediction")
@@ -319,7 +430,16 @@ def bench_inferbus(runner: Runner, models: dict[str, Path], work: Path, profile:
 
         def measured(model: str, concurrency: int) -> None:
             before = stack.batch_rows(), stack.engine_rows()
-            line = runner.loadgen("inferbus", stack.grpc_url, model, concurrency)
+            line = runner.loadgen(
+                "inferbus", stack.grpc_url, model, concurrency, sampler=platform_sampler(stack)
+            )
+            raw = runner.raw_p50_ms.get(model)
+            if line is not None and concurrency == 1 and raw is not None:
+                p50 = line["latency_ms"]["p50"]
+                runner.log(
+                    f"  added p50 over raw onnxruntime (batch 1, 1 thread, {raw:.3f} ms):"
+                    f" {p50 - raw:.3f} ms"
+                )
             after = stack.batch_rows(), stack.engine_rows()
             batches = after[0][1] - before[0][1]
             runs = after[1][1] - before[1][1]
@@ -357,8 +477,8 @@ def peer_process(
     cwd: Path,
     runner: Runner,
     log: Path,
-) -> Iterator[str]:
-    """Start a peer server and yield its gRPC address once both models are ready.
+) -> Iterator[tuple[str, int]]:
+    """Start a peer server; yield its gRPC address and pid once both models are ready.
 
     Triton and MLServer cannot bind port 0 and report it, so three ports are
     drawn at random below the ephemeral range and the start is retried when the
@@ -401,7 +521,7 @@ def peer_process(
                 client.close()
             if ready:
                 runner.log(f"{name} ready at {url}")
-                yield url
+                yield url, proc.pid
                 return
             last_error = log.read_text(errors="replace")[-1500:]
             runner.log(f"{name} did not start (exit {proc.poll()}); retrying")
@@ -471,7 +591,7 @@ def bench_peer(name: str, runner: Runner, models: dict[str, Path], work: Path) -
                 "--metrics-port",
                 str(base + 2),
                 "--instances",
-                "2",
+                str(ENGINE_INSTANCES),
                 "--max-batch",
                 "32",
                 "--delay-us",
@@ -491,7 +611,7 @@ def bench_peer(name: str, runner: Runner, models: dict[str, Path], work: Path) -
                 "http_port": base,
                 "grpc_port": base + 1,
                 "metrics_port": base + 2,
-                "parallel_workers": 2,
+                "parallel_workers": ENGINE_INSTANCES,
             }
             (repo / "settings.json").write_text(json.dumps(settings))
             return [str(py.parent / "mlserver"), "start", str(repo)]
@@ -499,10 +619,12 @@ def bench_peer(name: str, runner: Runner, models: dict[str, Path], work: Path) -
         cwd = repo
         target = "mlserver"
     try:
-        with peer_process(name, argv, env, cwd, runner, log) as url:
+        with peer_process(name, argv, env, cwd, runner, log) as (url, pid):
             for model in MODELS:
                 for c in runner.plan.concurrencies:
-                    runner.loadgen(target, url, model, c)
+                    # The whole process tree is the server (see PEER_PROCESSES).
+                    sampler = WindowSampler({target: pid}, expect={target: PEER_PROCESSES[target]})
+                    runner.loadgen(target, url, model, c, sampler=sampler)
     except RuntimeError as exc:
         runner.log(f"{name}: {str(exc)[:200]}")
         runner.record({"kind": "error", "target": target, "stage": "start", "error": str(exc)})
@@ -565,7 +687,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         models = make_models(work)
         for m in MODELS:
             runner.log(f"raw onnxruntime: {m}")
-            runner.run_json(
+            raw = runner.run_json(
                 [
                     PYTHON,
                     "bench/raw_ort.py",
@@ -582,6 +704,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     str(out),
                 ]
             )
+            for r in raw:
+                if r["threads"] == 1:
+                    runner.raw_p50_ms[m] = r["batch1"]["latency_ms"]["p50"]
         try:
             bench_inferbus(runner, models, work, profile=not args.no_profile)
         except (ServiceError, TimeoutError, RuntimeError) as exc:
@@ -595,6 +720,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench_peer(peer, runner, models, work)
     runner.record({"kind": "commands", "commands": runner.commands})
     runner.record({"kind": "done", "elapsed_s": round(time.monotonic() - runner.t0, 1)})
+    runner.log("issue 18 targets in this run:")
+    for line in target_summary(Results(load(out))):
+        runner.log(f"  {line}")
     render = [PYTHON, "bench/render.py", "--results", str(out), "--out", str(args.doc)]
     if args.findings is not None:
         render += ["--findings", str(args.findings)]

@@ -48,5 +48,5 @@ fi
     grpcio protobuf tokenizers safetensors
 "$PY" -m pip install --quiet --no-deps -e libs/common -e libs/proto -e services/worker-gpu
 
-"$PY" -c 'import vllm, nats, inferbus_worker.llm.service; print("vllm", vllm.__version__)' >&2
+"$PY" -c 'import vllm, nats, inferbus_worker.llm.worker; print("vllm", vllm.__version__)' >&2
 log "done: run the LLM worker with $PY -m inferbus_worker.llm"

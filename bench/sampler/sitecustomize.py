@@ -204,7 +204,17 @@ def _wrap_runners(out: Path) -> None:
     uvloop.run = wrap(uvloop.run)
 
 
+def _gc_experiment() -> None:
+    """``INFERBUS_BENCH_GC=g0,g1,g2`` sets the collector's thresholds (an A/B knob)."""
+    value = os.environ.get("INFERBUS_BENCH_GC")
+    if value:
+        import gc
+
+        gc.set_threshold(*(int(x) for x in value.split(",")))
+
+
 def _install() -> None:
+    _gc_experiment()
     where = os.environ.get("INFERBUS_SAMPLE_DIR")
     if not where:
         return

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from inferbus_cli.__main__ import main
-from inferbus_cli.commands.models import collect_files, push_messages
 from inferbus_cli.progress import ProgressBar, human_bytes
+from inferbus_client.artifacts import collect_files, push_messages
 from inferbus_registry.app import RegistryApp
 
 

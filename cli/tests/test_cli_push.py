@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inferbus_cli.commands.models import CHUNK_BYTES, PushError, collect_files, push_messages
+from inferbus_client.artifacts import CHUNK_BYTES, PushError, collect_files, push_messages
 
 CONFIG = {
     "name": "fraud",

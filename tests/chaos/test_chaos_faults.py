@@ -38,5 +38,15 @@ async def test_fault_loses_nothing_and_recovers(chaos_stack: ChaosStack, name: s
     assert report.recovered_s is not None, report.samples
     assert report.first_ok_s is not None
     # A fault that takes nothing away from the data path costs nothing.
-    if name in ("kill-worker", "kill-gateway", "restart-redis", "stop-registry-s3"):
+    if name in (
+        "kill-worker",
+        "kill-busy-worker",
+        "kill-gateway",
+        "restart-redis",
+        "stop-registry-s3",
+    ):
         assert report.correct == report.sent, report.samples
+    if name == "kill-busy-worker":
+        # What the dead worker held comes back after the 0.5 s first ack wait, not
+        # at the 2 s deadline (issue 18); the bound leaves a loaded CI machine room.
+        assert report.in_flight_answered_s is not None and report.in_flight_answered_s < 1.5

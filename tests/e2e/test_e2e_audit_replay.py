@@ -26,9 +26,9 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from onnx import TensorProto, helper, numpy_helper
 
 from inferbus_cli.__main__ import main as cli_main
+from inferbus_client.registry import RegistryClient
 from inferbus_common.audit import split_records
 from inferbus_common.subjects import Subjects
-from inferbus_registry.client import RegistryClient
 
 STACK_ENV = {"INFERBUS_GATEWAY_CAPTURE_RATE": "1"}
 THRESHOLD = 0.5

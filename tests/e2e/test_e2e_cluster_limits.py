@@ -16,8 +16,8 @@ import redis.asyncio as aioredis
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
-from inferbus_gateway.admission._redis import AdmissionKeys
-from inferbus_gateway.admission.ratelimit import Limit, Scope, set_limit
+from inferbus_common.admission.keys import AdmissionKeys
+from inferbus_common.admission.limits import Limit, Scope, set_limit
 from inferbus_testing.processes import ServiceProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -30,7 +30,7 @@ MEASURE_S = 3.0
 
 
 async def test_three_gateways_hold_the_cluster_limit(stack, tmp_path) -> None:
-    from inferbus_registry.client import RegistryClient
+    from inferbus_client.registry import RegistryClient
 
     # A second model, unlimited, served in the same run.
     other = tmp_path / "fraud-b"

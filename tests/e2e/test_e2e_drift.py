@@ -23,10 +23,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from inferbus_cli.__main__ import main as cli_main
+from inferbus_client.registry import RegistryClient
 from inferbus_common.drift import DriftReport
 from inferbus_common.errors import InvalidArgument
 from inferbus_common.subjects import Subjects
-from inferbus_registry.client import RegistryClient
 
 WINDOW = 1000
 STACK_ENV = {

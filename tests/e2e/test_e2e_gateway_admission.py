@@ -18,9 +18,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
-from inferbus_gateway.admission._redis import AdmissionKeys
-from inferbus_gateway.admission.auth import KeyStore
-from inferbus_gateway.admission.ratelimit import Limit, Scope, delete_limit, set_limit
+from inferbus_common.admission.apikeys import KeyStore
+from inferbus_common.admission.keys import AdmissionKeys
+from inferbus_common.admission.limits import Limit, Scope, delete_limit, set_limit
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -151,7 +151,7 @@ async def test_model_limit_rejects_with_reason_and_is_lifted_at_run_time(stack) 
 
 
 async def test_breaker_opens_answers_fallback_and_recovers(stack, tmp_path) -> None:
-    from inferbus_registry.client import RegistryClient
+    from inferbus_client.registry import RegistryClient
 
     model_dir = tmp_path / "fraud-fb"
     shutil.copytree(stack.model_dir, model_dir)
@@ -224,7 +224,7 @@ async def test_breaker_opens_answers_fallback_and_recovers(stack, tmp_path) -> N
 
 
 async def test_backup_model_answers_when_the_model_cannot(stack, tmp_path) -> None:
-    from inferbus_registry.client import RegistryClient
+    from inferbus_client.registry import RegistryClient
 
     # Placed on a pool with no workers: never ready, so the backup answers.
     model_dir = tmp_path / "fraud-bk"

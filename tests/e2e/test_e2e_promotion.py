@@ -18,7 +18,7 @@ STACK_ENV = {"INFERBUS_WORKER_UNLOAD_GRACE_S": "1.5"}
 
 
 async def test_promote_v2_with_zero_failed_requests(stack) -> None:
-    from inferbus_registry.client import RegistryClient
+    from inferbus_client.registry import RegistryClient
 
     client = grpcaio.InferenceServerClient(stack.grpc_url)
     async with RegistryClient(stack.registry_url) as registry:

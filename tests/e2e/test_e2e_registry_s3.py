@@ -28,7 +28,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from inferbus_registry.client import RegistryClient
+from inferbus_client.registry import RegistryClient
 from inferbus_testing.servers import S3Server
 from inferbus_testing.stack import LocalStack
 

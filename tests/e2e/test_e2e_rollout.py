@@ -167,7 +167,7 @@ async def _route_where(registry, predicate, timeout: float = 10.0) -> Route:
 async def test_failing_canary_is_rolled_back_at_its_first_step(
     stack, events, tmp_path: Path
 ) -> None:
-    from inferbus_registry.client import RegistryClient
+    from inferbus_client.registry import RegistryClient
 
     _, seen = events
     broken = write_failing_model(stack.model_dir, tmp_path / "broken")
@@ -210,7 +210,7 @@ async def test_failing_canary_is_rolled_back_at_its_first_step(
 
 
 async def test_healthy_canary_reaches_100_and_leaves_no_stale_route(stack, events) -> None:
-    from inferbus_registry.client import RegistryClient
+    from inferbus_client.registry import RegistryClient
 
     _, seen = events
     async with RegistryClient(stack.registry_url) as registry:
@@ -277,7 +277,7 @@ async def test_healthy_canary_reaches_100_and_leaves_no_stale_route(stack, event
 async def test_pool_ledger_and_quota_on_the_stack(stack) -> None:
     import httpx
 
-    from inferbus_registry.client import RegistryClient
+    from inferbus_client.registry import RegistryClient
 
     async with RegistryClient(stack.registry_url) as registry:
         route, _ = await _route(registry)

@@ -110,7 +110,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         st.push(dirs["1"], MODEL, "1")
 
         async def push_more() -> None:
-            from inferbus_registry.client import RegistryClient
+            from inferbus_client.registry import RegistryClient
 
             async with RegistryClient(st.registry_url) as client:
                 await client.push(dirs["2"], MODEL, "2")

@@ -28,8 +28,8 @@ import tritonclient.grpc as grpcclient
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from inferbus_gateway.admission._redis import AdmissionKeys
-from inferbus_gateway.admission.auth import KeyStore
+from inferbus_common.admission.apikeys import KeyStore
+from inferbus_common.admission.keys import AdmissionKeys
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -149,8 +149,8 @@ async def test_stack_keeps_serving_after_refusals(stack: SecureStack) -> None:
 
 
 async def test_registry_requires_its_token(stack: SecureStack) -> None:
+    from inferbus_client.registry import RegistryClient
     from inferbus_common.errors import PermissionDenied, Unauthenticated
-    from inferbus_registry.client import RegistryClient
 
     async with RegistryClient(stack.registry_url) as anonymous:
         with pytest.raises(Unauthenticated, match="INFERBUS_REGISTRY_TOKEN"):

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import grpc
 
-from inferbus_cli.commands.models import collect_files, push_messages
 from inferbus_cli.rpc import registry_channel, registry_stub
+from inferbus_client.artifacts import collect_files, push_messages
 
 #: The repository checkout this CLI runs from (cli/src/inferbus_cli/llm.py → root).
 REPO = Path(__file__).resolve().parents[3]

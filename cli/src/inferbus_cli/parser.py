@@ -158,6 +158,12 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     alias.add_argument("name", help="model name")
     alias.add_argument("alias", help="alias, e.g. stable or canary")
     alias.add_argument("version", help="version it points at")
+    alias.add_argument(
+        "--force",
+        action="store_true",
+        help="skip the registry's artifact check (workers still verify; stable keeps "
+        "serving until the new version is ready)",
+    )
     _registry_options(alias)
     alias.set_defaults(handler="models:run_alias")
 
@@ -393,6 +399,12 @@ def _add_route(sub: argparse._SubParsersAction) -> None:
         help="KV revision read with `route show`: refuse if the route changed since",
     )
     st.add_argument("-m", "--message", help="why (recorded as the route's change text)")
+    st.add_argument(
+        "--force",
+        action="store_true",
+        help="skip the registry's artifact check of the canary/shadow (routers still send "
+        "nothing to a version no worker reports ready)",
+    )
     _release_options(st)
     st.set_defaults(handler="route:run_set")
 

@@ -103,3 +103,41 @@ async def test_log_context_binds_fields_per_task() -> None:
     with log_context(request_id="outer"):
         assert _line(_record("x", request_id="inner"))["request_id"] == "inner"
     assert "request_id" not in _line(_record("x"))
+
+
+async def test_buffered_lines_write_what_json_formatter_writes(tmp_path, monkeypatch) -> None:
+    import io
+
+    from inferbus_common import logs
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    stream = io.StringIO()
+    try:
+        logs.setup_logging("gw-test", "INFO", "json")
+        root.handlers[0].stream = stream
+        lines = logs.BufferedLines(logging.getLogger("test.access"))
+        fields = {"model": "m", "status": "OK", "latency_ms": 1.5, "nope": "dropped"}
+        lines.info("infer", fields)
+        assert stream.getvalue() == ""  # waits for the batch
+        lines.flush()
+        fast = json.loads(stream.getvalue())
+        stream.truncate(0)
+        stream.seek(0)
+        logging.getLogger("test.access").info("infer", extra=fields)
+        slow = json.loads(stream.getvalue())
+        fast.pop("ts"), slow.pop("ts")
+        assert fast == slow
+        assert "nope" not in fast
+        # Another handler on the way (pytest's capture, a file handler): plain logging.
+        other = logging.StreamHandler(io.StringIO())
+        root.addHandler(other)
+        stream.truncate(0)
+        stream.seek(0)
+        lines.info("infer", {"model": "m"})
+        assert json.loads(stream.getvalue())["model"] == "m"
+        assert other.stream.getvalue()
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+        monkeypatch.setattr(logs, "_json_root", None)

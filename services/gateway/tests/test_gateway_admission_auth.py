@@ -13,16 +13,15 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from inferbus_common.admission.apikeys import KeyStore, hash_api_key
+from inferbus_common.admission.keys import AdmissionKeys, connect_redis
 from inferbus_common.errors import PermissionDenied, Unauthenticated, Unavailable
-from inferbus_gateway.admission._redis import AdmissionKeys, connect_redis
 from inferbus_gateway.admission.auth import (
     ANONYMOUS,
     Authenticator,
     JwtVerifier,
-    KeyStore,
     Principal,
     credentials_from,
-    hash_api_key,
 )
 from inferbus_testing.servers import RedisServer
 

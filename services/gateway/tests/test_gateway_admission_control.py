@@ -6,6 +6,9 @@ import asyncio
 
 import pytest
 
+from inferbus_common.admission.apikeys import KeyStore
+from inferbus_common.admission.keys import AdmissionKeys, connect_redis
+from inferbus_common.admission.limits import Limit, Scope, set_limit
 from inferbus_common.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -13,12 +16,9 @@ from inferbus_common.errors import (
     ResourceExhausted,
     Unauthenticated,
 )
-from inferbus_gateway.admission._redis import AdmissionKeys, connect_redis
-from inferbus_gateway.admission.auth import KeyStore
 from inferbus_gateway.admission.breaker import BreakerOpen, counts_as_failure
 from inferbus_gateway.admission.control import Admission
 from inferbus_gateway.admission.quota import Quota, set_quota
-from inferbus_gateway.admission.ratelimit import Limit, Scope, set_limit
 from inferbus_gateway.settings import GatewaySettings
 from inferbus_testing.servers import RedisServer
 

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from inferbus_common.admission.keys import AdmissionKeys, connect_redis
 from inferbus_common.errors import ResourceExhausted, Unavailable
-from inferbus_gateway.admission._redis import AdmissionKeys, connect_redis
 from inferbus_gateway.admission.quota import (
     Periods,
     Quota,

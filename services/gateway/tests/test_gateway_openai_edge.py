@@ -21,14 +21,15 @@ from starlette.applications import Starlette
 
 from inferbus_common import headers as h
 from inferbus_common import tracing
+from inferbus_common.admission.apikeys import KeyStore
+from inferbus_common.admission.keys import AdmissionKeys, connect_redis
 from inferbus_common.catalog import Catalog, DeployedVersion, Route, WorkerStatus
 from inferbus_common.generation import GenerationChunk
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.settings import ServiceSettings
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission import Admission
-from inferbus_gateway.admission._redis import AdmissionKeys, connect_redis
-from inferbus_gateway.admission.auth import Authenticator, KeyStore
+from inferbus_gateway.admission.auth import Authenticator
 from inferbus_gateway.generation import GenerationDispatcher, GenerationService
 from inferbus_gateway.rest.openai import openai_routes
 from inferbus_testing.servers import RedisServer

@@ -16,8 +16,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from inferbus_client.registry import RegistryClient
 from inferbus_registry.app import RegistryApp
-from inferbus_registry.client import RegistryClient
 from inferbus_registry.settings import RegistrySettings
 from inferbus_registry.store import Store
 from inferbus_testing.servers import NatsServer

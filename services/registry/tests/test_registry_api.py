@@ -16,12 +16,12 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from inferbus_client.registry import RegistryClient
 from inferbus_common.catalog import Catalog, DeployedVersion, Route
 from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from inferbus_common.subjects import Subjects
 from inferbus_proto.registry import registry_pb2, registry_pb2_grpc
 from inferbus_registry.app import RegistryApp
-from inferbus_registry.client import RegistryClient
 from inferbus_testing.servers import NatsServer
 
 _FRAUD_EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "fraud" / "make_model.py"

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inferbus_registry.client import RegistryClient
+from inferbus_client.registry import RegistryClient
 from inferbus_testing.servers import NatsServer
 
 

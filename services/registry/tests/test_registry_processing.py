@@ -13,8 +13,8 @@ from types import ModuleType
 
 import pytest
 
+from inferbus_client.registry import RegistryClient
 from inferbus_common.errors import InvalidArgument, NotFound
-from inferbus_registry.client import RegistryClient
 
 REPO = Path(__file__).resolve().parents[3]
 

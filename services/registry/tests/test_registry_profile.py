@@ -9,12 +9,12 @@ import nats
 import numpy as np
 import pytest
 
+from inferbus_client.registry import RegistryClient
 from inferbus_common.catalog import Catalog
 from inferbus_common.drift import build_profile, parse_profile
 from inferbus_common.errors import InvalidArgument
 from inferbus_common.subjects import Subjects
 from inferbus_registry.app import RegistryApp
-from inferbus_registry.client import RegistryClient
 
 
 def _with_profile(version_dir: Path, tensor: str = "x") -> Path:

@@ -16,11 +16,12 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from inferbus_client.registry import RegistryClient
 from inferbus_common.catalog import Route, WorkerStatus, ensure_kv
 from inferbus_common.errors import FailedPrecondition, InvalidArgument
+from inferbus_common.versionhealth import WindowStats, percentile
 from inferbus_registry.app import RegistryApp
-from inferbus_registry.client import RegistryClient
-from inferbus_registry.rollout import Rollout, WindowStats, check_plan, evaluate, percentile
+from inferbus_registry.rollout import Rollout, check_plan, evaluate
 from inferbus_testing.records import audit_record
 
 # --- the step logic, pure ------------------------------------------------------------
@@ -41,45 +42,50 @@ def _rollout(**kw: object) -> Rollout:
     return Rollout.model_validate(fields)
 
 
+def _stats(requests: int = 0, errors: int = 0, ms: float = 1.0, *, slow: int = 0) -> WindowStats:
+    """A window: `requests` outcomes, `errors` of them faults, the successes at `ms`
+    except `slow` of them at 100 x `ms`."""
+    ok = requests - errors
+    latencies = tuple(sorted([ms] * (ok - slow) + [ms * 100] * slow))
+    return WindowStats(requests, errors, latencies)
+
+
 def test_errors_fail_the_step_before_the_interval_ends() -> None:
-    d = evaluate(_rollout(), WindowStats(requests=10, errors=2), WindowStats(requests=90), 1_000)
-    assert d.action == "fail" and "error rate 0.200" in d.reason
+    d = evaluate(_rollout(), _stats(10, errors=2), _stats(90), 1_000)
+    assert d.action == "fail" and "error rate 20.0% (2/10)" in d.reason
+
+
+def test_one_error_in_few_requests_is_no_evidence() -> None:
+    # 1 of 20 over a 1 % limit: could well be a 1 % canary (p = 0.18), so no verdict yet.
+    assert evaluate(_rollout(), _stats(20, errors=1), _stats(90), 1_000).action == "wait"
+    assert evaluate(_rollout(), _stats(20, errors=1), _stats(90), 10_000).action == "advance"
 
 
 def test_too_few_requests_never_advance() -> None:
-    d = evaluate(_rollout(), WindowStats(requests=9, p99_ms=1), WindowStats(requests=90), 60_000)
+    d = evaluate(_rollout(), _stats(9), _stats(90), 60_000)
     assert d.action == "wait" and "waiting for 10 canary requests (have 9)" in d.reason
 
 
 def test_window_must_pass_before_advancing() -> None:
-    healthy = WindowStats(requests=50, p99_ms=2)
-    assert evaluate(_rollout(), healthy, WindowStats(requests=50, p99_ms=2), 5_000).action == "wait"
-    assert evaluate(_rollout(), healthy, WindowStats(requests=50, p99_ms=2), 10_000).action == (
-        "advance"
-    )
+    assert evaluate(_rollout(), _stats(50, ms=2), _stats(50, ms=2), 5_000).action == "wait"
+    assert evaluate(_rollout(), _stats(50, ms=2), _stats(50, ms=2), 10_000).action == "advance"
 
 
 def test_slow_canary_fails_on_p99_and_slack_forgives_tiny_latencies() -> None:
     r = _rollout()
-    slow = evaluate(
-        r, WindowStats(requests=50, p99_ms=100), WindowStats(requests=50, p99_ms=10), 10_000
-    )
+    slow = evaluate(r, _stats(50, ms=100), _stats(50, ms=10), 10_000)
     assert slow.action == "fail" and "p99 100.0 ms" in slow.reason
-    tiny = evaluate(
-        r, WindowStats(requests=50, p99_ms=3), WindowStats(requests=50, p99_ms=1), 10_000
-    )
+    tiny = evaluate(r, _stats(50, ms=3), _stats(50, ms=1), 10_000)
     assert tiny.action == "advance"
+    # One slow request among 50 is no evidence of a slow canary.
+    assert evaluate(r, _stats(50, ms=10, slow=1), _stats(50, ms=10), 10_000).action == "advance"
     # At 100 % stable serves nothing: the baseline from earlier steps is used.
     base = _rollout(stable_p99_ms=10.0)
-    assert evaluate(base, WindowStats(requests=50, p99_ms=100), WindowStats(), 10_000).action == (
-        "fail"
-    )
+    assert evaluate(base, _stats(50, ms=100), _stats(), 10_000).action == "fail"
 
 
 def test_errors_stable_also_suffers_are_not_blamed_on_the_canary() -> None:
-    d = evaluate(
-        _rollout(), WindowStats(requests=20, errors=2), WindowStats(requests=100, errors=10), 10_000
-    )
+    d = evaluate(_rollout(), _stats(20, errors=2), _stats(100, errors=10), 10_000)
     assert d.action == "advance"
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import nats
 
+from inferbus_client.registry import RegistryClient
 from inferbus_common.catalog import Catalog
 from inferbus_common.subjects import Subjects
 from inferbus_registry.app import RegistryApp
-from inferbus_registry.client import RegistryClient
 from inferbus_registry.store import S3Store
 from inferbus_testing.servers import S3Server
 

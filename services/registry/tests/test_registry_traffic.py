@@ -12,10 +12,10 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from inferbus_client.registry import RegistryClient
 from inferbus_common.catalog import Route
 from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from inferbus_registry.app import RegistryApp
-from inferbus_registry.client import RegistryClient
 
 
 @pytest.fixture

@@ -11,9 +11,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferbus_common import headers as h
 from inferbus_common.catalog import Route, ensure_kv
 from inferbus_common.subjects import Subjects, subject_token
+from inferbus_testing.records import ready_heartbeat
 
 
 async def _put_route(js, route: Route) -> None:
+    if route.canary:  # routers send nothing to a canary no worker serves
+        workers = await ensure_kv(js, Subjects().workers_bucket)
+        await workers.put(*ready_heartbeat(route.model, [route.canary]))
     kv = await ensure_kv(js, Subjects().routes_bucket)
     await kv.put(Subjects.model_key(route.model), route.model_dump_json().encode())
 

@@ -40,13 +40,19 @@ from inferbus_router.health import HealthPolicy, HealthWeights
 from inferbus_router.router import Router
 from inferbus_router.routing import STICKY_BUCKETS, sticky_bucket
 from inferbus_router.shadow import ShadowComparer
-from inferbus_testing.records import audit_record
+from inferbus_testing.records import audit_record, ready_heartbeat
 
 SUBJECTS = Subjects()
 
 
 async def put_route(js, route: Route) -> None:
-    """Write a routing table straight into the routes KV bucket."""
+    """Write a routing table straight into the routes KV bucket, and a worker heartbeat
+    that reports its canary and shadow ready (routers send nothing to a version no
+    worker serves)."""
+    named = [v for v in (route.canary, route.shadow) if v]
+    if named:
+        workers = await ensure_kv(js, SUBJECTS.workers_bucket)
+        await workers.put(*ready_heartbeat(route.model, named))
     kv = await ensure_kv(js, SUBJECTS.routes_bucket)
     await kv.put(Subjects.model_key(route.model), route.model_dump_json().encode())
 
@@ -84,7 +90,13 @@ async def running_router(
 
 
 async def wait_route(catalog: Catalog, route: Route) -> None:
-    assert await catalog.wait_for(lambda: catalog.routes.get(route.model) == route, 10)
+    def seen() -> bool:
+        named = [v for v in (route.canary, route.shadow) if v]
+        return catalog.routes.get(route.model) == route and all(
+            catalog.is_ready(route.model, v) for v in named
+        )
+
+    assert await catalog.wait_for(seen, 10)
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:

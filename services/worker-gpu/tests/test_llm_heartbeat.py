@@ -17,8 +17,8 @@ from nats.js.kv import KeyValue
 
 from inferbus_common.catalog import PoolSpec, WorkerStatus, ensure_kv
 from inferbus_common.subjects import Subjects, subject_token
-from inferbus_worker.llm.service import LlmWorker
 from inferbus_worker.llm.settings import LlmWorkerSettings
+from inferbus_worker.llm.worker import LlmWorker
 
 _prefixes = itertools.count()
 

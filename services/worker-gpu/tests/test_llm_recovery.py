@@ -27,8 +27,9 @@ from inferbus_common.generation import GenerationChunk, GenerationRequest
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.subjects import Subjects
 from inferbus_worker.llm.engine import EngineDead, LlmEngine, Step
-from inferbus_worker.llm.service import DEAD_GRACE_S, RESTARTING, VersionServer
 from inferbus_worker.llm.settings import LlmWorkerSettings
+from inferbus_worker.llm.supervision import DEAD_GRACE_S, RESTARTING
+from inferbus_worker.llm.versionserver import VersionServer
 
 _models = itertools.count()
 

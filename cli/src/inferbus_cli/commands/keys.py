@@ -17,8 +17,8 @@ from inferbus_cli.commands.limits import redis_target
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from inferbus_gateway.admission._redis import AdmissionKeys, connect_redis
-    from inferbus_gateway.admission.auth import KeyStore
+    from inferbus_common.admission.apikeys import KeyStore
+    from inferbus_common.admission.keys import AdmissionKeys, connect_redis
 
     redis = connect_redis(redis_target(args), timeout_s=5.0)
     store = KeyStore(redis, AdmissionKeys(args.prefix))

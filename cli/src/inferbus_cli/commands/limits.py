@@ -32,13 +32,8 @@ def redis_target(args: argparse.Namespace) -> str:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from inferbus_gateway.admission._redis import AdmissionKeys, connect_redis
-    from inferbus_gateway.admission.ratelimit import (
-        Limit,
-        delete_limit,
-        list_limits,
-        set_limit,
-    )
+    from inferbus_common.admission.keys import AdmissionKeys, connect_redis
+    from inferbus_common.admission.limits import Limit, delete_limit, list_limits, set_limit
 
     keys = AdmissionKeys(args.prefix)
     redis = connect_redis(redis_target(args), timeout_s=5.0)
@@ -70,7 +65,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def _scope(name: str) -> object:
-    from inferbus_gateway.admission.ratelimit import Scope
+    from inferbus_common.admission.limits import Scope
 
     for scope in Scope:
         if scope.field_prefix == name:

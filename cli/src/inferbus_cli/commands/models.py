@@ -6,18 +6,14 @@ The registry (versions, aliases, lifecycle, artifacts) and model readiness.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
-from pydantic import ValidationError
 
 from inferbus_cli.progress import ProgressBar
 from inferbus_cli.rpc import (
@@ -28,104 +24,15 @@ from inferbus_cli.rpc import (
 )
 from inferbus_cli.state import default_gateway_address, default_registry_address, resolve_home
 from inferbus_cli.table import format_table
+from inferbus_client.artifacts import PushError, VerifiedFile, collect_files, push_messages
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_proto.registry import registry_pb2 as rpb
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
-
-#: Size of one file chunk in PushVersion.
-CHUNK_BYTES = 1 << 20
-#: Files of a version directory the registry writes itself, never uploaded.
-NOT_UPLOADED = frozenset({"config.json", "manifest.json"})
-
-
-class PushError(Exception):
-    """The files to push are not usable (said before anything is sent)."""
 
 
 def _fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 1
-
-
-def collect_files(path: Path, config: Path | None) -> tuple[bytes, list[tuple[str, Path]]]:
-    """The config bytes and ``(path in version, local file)`` pairs to upload.
-
-    `path` is a version directory (``config.json`` plus the artifact files, any
-    depth; hidden files are skipped) or a single model file pushed with a
-    separate `config`; a single file is stored under the config's ``file``
-    name (``model.onnx`` by default). A single ``.onnx`` file without a
-    config is pushed as ``model.onnx`` with empty config bytes: the registry
-    derives the config from the graph (Triton's auto-complete).
-
-    Raises:
-        PushError: a file is missing, the config is invalid, or the artifact the
-            config names is not among the files.
-    """
-    if path.is_dir():
-        config_path = config or path / "config.json"
-        if not config_path.is_file():
-            raise PushError(f"{config_path} not found (a version directory needs config.json)")
-        files = sorted(
-            (p.relative_to(path).as_posix(), p)
-            for p in path.rglob("*")
-            if p.is_file()
-            and p.relative_to(path).as_posix() not in NOT_UPLOADED
-            # Hidden files (.gitignore, editor swap files) are not part of a model.
-            and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        )
-    elif path.is_file():
-        if config is None:
-            if path.suffix == ".onnx":
-                return b"", [("model.onnx", path)]
-            raise PushError(f"{path} is a single file: give its config with --config config.json")
-        config_path = config
-        if not config_path.is_file():
-            raise PushError(f"{config_path} not found")
-        files = []
-    else:
-        raise PushError(f"{path} does not exist")
-    config_bytes = config_path.read_bytes()
-    try:
-        parsed = ModelConfig.model_validate_json(config_bytes)
-    except ValidationError as exc:
-        raise PushError(f"{config_path} is not a valid model config:\n{exc}") from exc
-    if path.is_file():
-        files = [(parsed.file, path)]
-    names = {name for name, _ in files}
-    if parsed.file not in names and not any(n.startswith(parsed.file + "/") for n in names):
-        raise PushError(f"the config names artifact {parsed.file!r} but {path} does not hold it")
-    return config_bytes, files
-
-
-def push_messages(
-    model: str,
-    version: str,
-    config_bytes: bytes,
-    aliases: list[str],
-    files: list[tuple[str, Path]],
-    on_chunk: Callable[[int], None] | None = None,
-) -> Iterator[rpb.PushChunk]:
-    """The PushVersion stream: the header, then every file in 1 MiB chunks.
-
-    `on_chunk` is called with each chunk's size as gRPC takes it (the
-    progress bar), so it counts what was handed to the channel.
-    """
-    yield rpb.PushChunk(
-        header=rpb.PushHeader(
-            model=model, version=version, config_json=config_bytes, aliases=aliases
-        )
-    )
-    for name, local in files:
-        with open(local, "rb") as f:
-            sent = False
-            while chunk := f.read(CHUNK_BYTES):
-                yield rpb.PushChunk(chunk=rpb.FileChunk(path=name, data=chunk))
-                if on_chunk is not None:
-                    on_chunk(len(chunk))
-                sent = True
-            if not sent:
-                # An empty file still has to exist in the version.
-                yield rpb.PushChunk(chunk=rpb.FileChunk(path=name, data=b""))
 
 
 def version_to_json(info: rpb.VersionInfo) -> dict[str, Any]:
@@ -169,7 +76,7 @@ def run_push(args: argparse.Namespace) -> int:
     address = _registry_address(args)
     try:
         config_bytes, files = collect_files(
-            Path(args.path), Path(args.config) if args.config else None
+            Path(args.path), Path(args.config) if args.config else None, derive=True
         )
     except PushError as exc:
         return _fail(str(exc))
@@ -277,7 +184,12 @@ def run_alias(args: argparse.Namespace) -> int:
     with registry_channel(address) as channel:
         try:
             info = registry_stub(channel).SetAlias(
-                rpb.SetAliasRequest(model=args.name, alias=args.alias, version=args.version),
+                rpb.SetAliasRequest(
+                    model=args.name,
+                    alias=args.alias,
+                    version=args.version,
+                    force=getattr(args, "force", False),
+                ),
                 timeout=args.timeout,
             )
         except grpc.RpcError as exc:
@@ -380,11 +292,9 @@ def download_file(
     timeout: float | None,
     progress: bool | None = None,
 ) -> tuple[Path, ProgressBar]:
-    """Stream one file of a version into `dest`, checking its SHA-256 and size.
-
-    Written to a temporary file beside `dest` and renamed into place only when
-    complete and matching the manifest. Returns `dest` and the progress bar
-    (its ``done`` is the byte count received).
+    """Stream one file of a version into `dest`, checking its SHA-256 and size
+    (`inferbus_client.artifacts.VerifiedFile`). Returns `dest` and the progress
+    bar (its ``done`` is the byte count received).
 
     Raises:
         grpc.RpcError: the registry refused or failed.
@@ -397,26 +307,12 @@ def download_file(
     if entry is None:
         files = sorted(f.path for f in info.files)
         raise ValueError(f"{model} {info.version} has no file {path!r}; files: {files}")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    digest = hashlib.sha256()
     bar = ProgressBar(entry.size, f"download {path}", enabled=progress)
-    try:
-        with os.fdopen(fd, "wb") as fh, bar:
-            request = rpb.DownloadFileRequest(model=model, version=info.version, path=path)
-            for chunk in stub.DownloadFile(request, timeout=timeout):  # type: ignore[attr-defined]
-                fh.write(chunk.data)
-                digest.update(chunk.data)
-                bar.advance(len(chunk.data))
-        if bar.done != entry.size or digest.hexdigest() != entry.sha256:
-            raise ValueError(
-                f"{path}: received {bar.done} bytes with SHA-256 {digest.hexdigest()}, "
-                f"the manifest lists {entry.size} bytes with {entry.sha256}; try again"
-            )
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    request = rpb.DownloadFileRequest(model=model, version=info.version, path=path)
+    with bar, VerifiedFile(dest, entry.sha256, entry.size, label=path) as out:
+        for chunk in stub.DownloadFile(request, timeout=timeout):  # type: ignore[attr-defined]
+            out.write(chunk.data)
+            bar.advance(len(chunk.data))
     return dest, bar
 
 

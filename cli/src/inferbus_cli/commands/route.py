@@ -106,6 +106,7 @@ def run_set(args: argparse.Namespace) -> int:
         expected_kv_revision=args.expect_revision or 0,
         updated_by=identity(args),
         change=args.message or "",
+        force=getattr(args, "force", False),
         **fields,  # type: ignore[arg-type]
     )
     state = call(

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from inferbus_common.codec import Buffer
-from inferbus_common.wire import FrameError
+from inferbus_common.wire import FrameError, split_outputs
 
 REQUEST_BUNDLE_MAGIC = b"IBQ1"
 REPLY_BUNDLE_MAGIC = b"IBR1"
@@ -150,6 +150,24 @@ def _size(parts: Sequence[Buffer]) -> int:
     return sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
 
 
+def _attach_frames(
+    view: memoryview,
+    offset: int,
+    items: Sequence[BundledRequest] | Sequence[BundledReply],
+    lengths: Sequence[int],
+    what: str,
+) -> None:
+    """Give each item its frame: consecutive slices of `view` from `offset`, to its end."""
+    for item, length in zip(items, lengths, strict=True):
+        end = offset + length
+        if end > view.nbytes:
+            raise FrameError(f"a {what}'s frames are truncated")
+        item.frame = view[offset:end]
+        offset = end
+    if offset != view.nbytes:
+        raise FrameError(f"{view.nbytes - offset} trailing bytes after a {what}")
+
+
 def is_request_bundle(data: Buffer) -> bool:
     """Whether a message body is a request bundle (else a single request's frame)."""
     return bytes(memoryview(data)[:4]) == REQUEST_BUNDLE_MAGIC
@@ -224,7 +242,7 @@ def decode_request_bundle(data: Buffer) -> RequestBundle:
                     deadline,
                     received,
                     priority,
-                    tuple(o for o in outs.split(",") if o) if outs else (),
+                    split_outputs(outs),
                     tp,
                     tenant,
                     sticky,
@@ -236,14 +254,7 @@ def decode_request_bundle(data: Buffer) -> RequestBundle:
             lengths.append(frame_len)
     except (struct.error, UnicodeDecodeError) as exc:
         raise FrameError(f"truncated request bundle: {exc}") from None
-    for r, length in zip(requests, lengths, strict=True):
-        end = offset + length
-        if end > view.nbytes:
-            raise FrameError("a request bundle's frames are truncated")
-        r.frame = view[offset:end]
-        offset = end
-    if offset != view.nbytes:
-        raise FrameError(f"{view.nbytes - offset} trailing bytes after a request bundle")
+    _attach_frames(view, offset, requests, lengths, "request bundle")
     return RequestBundle(model, version, inbox, requests)
 
 
@@ -303,14 +314,7 @@ def decode_reply_bundle(data: Buffer) -> ReplyBundle:
             lengths.append(frame_len)
     except (struct.error, UnicodeDecodeError) as exc:
         raise FrameError(f"truncated reply bundle: {exc}") from None
-    for r, length in zip(replies, lengths, strict=True):
-        end = offset + length
-        if end > view.nbytes:
-            raise FrameError("a reply bundle's frames are truncated")
-        r.frame = view[offset:end]
-        offset = end
-    if offset != view.nbytes:
-        raise FrameError(f"{view.nbytes - offset} trailing bytes after a reply bundle")
+    _attach_frames(view, offset, replies, lengths, "reply bundle")
     return ReplyBundle(version, digest, timings, batch_rows, replies)
 
 

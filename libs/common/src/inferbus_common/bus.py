@@ -11,6 +11,7 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
@@ -18,6 +19,24 @@ from inferbus_common import security
 from inferbus_common.subjects import Subjects
 
 log = logging.getLogger(__name__)
+
+
+NO_STREAM_ERRORS: tuple[type[Exception], ...] = (
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+)
+"""What a JetStream or KV call raises when its stream is gone (a NATS server that lost
+its state): re-create it and try again."""
+
+
+def is_no_responders(msg: Msg) -> bool:
+    """Whether `msg` is nats-server's "no responders" status (503, empty body): nothing
+    was subscribed to the subject a request was published on, so nothing got it.
+
+    nats-server sends it only to a publisher subscribed to the reply subject; the
+    callers put their own inbox there (see docs/architecture.md, "Reliability").
+    """
+    return not msg.data and (msg.headers or {}).get("Status") == "503"
 
 
 async def connect(

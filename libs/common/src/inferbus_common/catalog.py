@@ -1,6 +1,6 @@
 """What is deployed, where, and who serves it: records kept in NATS KV.
 
-Three buckets (names from `Subjects`):
+Four buckets (names from `Subjects`):
 
 * ``<prefix>_models``  key ``<model>.<version>`` → `DeployedVersion`
   (config, artifact digest and files), written by the registry.
@@ -30,6 +30,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, Field, ValidationError
 
+from inferbus_common.errors import FailedPrecondition, InferbusError, Unavailable
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.modelstats import ModelStats
 from inferbus_common.subjects import Subjects
@@ -118,6 +119,51 @@ class Route(BaseModel):
     updated_unix_ms: int = 0
     change: str = ""
     """Why the last change was made (operator text or rollout step)."""
+    stable_pending: str = ""
+    """Version the ``stable`` alias was moved to while `stable` keeps serving until a
+    worker reports it ready (make-before-break); '' when no promotion is pending.
+    Workers load it like any routed version; nothing routes requests to it."""
+    stable_pending_since_unix_ms: int = 0
+    """When the pending promotion began (the registry abandons it after its timeout)."""
+
+    def served_versions(self) -> set[str]:
+        """Versions workers must load for this route: every version it names."""
+        named = {self.stable, self.canary, self.shadow, self.stable_pending}
+        named.update(self.aliases.values())
+        named.discard("")
+        return named
+
+
+READY = "ready"
+"""Version state: a worker serves it."""
+FAILED = "failed: "
+"""Prefix of the state of a version whose load failed and will be retried."""
+REJECTED = "failed permanently: "
+"""Prefix of the state of a version a worker refuses to load (its artifact failed its
+digest or signature check, or its config cannot be served): retrying cannot help."""
+
+
+def is_rejected(state: str) -> bool:
+    """Whether a version state is a permanent load failure (see `REJECTED`)."""
+    return state.startswith(REJECTED)
+
+
+def not_ready_error(model: str, version: str, state: str) -> InferbusError:
+    """The error a request for a version that is not ready gets.
+
+    A version its workers refuse for good (`REJECTED`) is FAILED_PRECONDITION:
+    retrying cannot help, the operator must fix or move the alias. Anything
+    else (loading, a failure that is retried, no worker yet) is UNAVAILABLE.
+    """
+    where = f"model '{model}' version '{version}'"
+    if is_rejected(state):
+        return FailedPrecondition(
+            f"{where} cannot be served: {state}; point the alias or route at another "
+            "version (`inferbus models alias`, `inferbus route set`)"
+        )
+    return Unavailable(
+        f"{where} is not ready ({state}); check `inferbus status` and the worker logs"
+    )
 
 
 class WorkerStatus(BaseModel):
@@ -126,7 +172,8 @@ class WorkerStatus(BaseModel):
     worker_id: str
     pool: str
     models: dict[str, str] = Field(default_factory=dict)
-    """``"<model>/<version>"`` → ``ready`` | ``loading`` | ``failed: <reason>``."""
+    """``"<model>/<version>"`` → ``ready`` | ``loading`` | ``lazy`` | ``failed: <reason>``
+    | ``failed permanently: <reason>``."""
     ts_ms: int = 0
     """Wall-clock time of the heartbeat."""
     host: str = ""
@@ -253,7 +300,7 @@ class InitialValues:
 
 
 class Catalog:
-    """Live, in-memory view of the three catalog buckets.
+    """Live, in-memory view of the four catalog buckets.
 
     Use as an async context manager; `wait_loaded` returns once the initial
     contents of every bucket have been read.
@@ -472,11 +519,23 @@ class Catalog:
             for w in self.workers.values()
             if key in w.models and w.is_fresh(self._max_age)
         ]
-        if "ready" in states:
-            return "ready"
-        failed = [s for s in states if s.startswith("failed")]
-        if failed:
-            return failed[0]
-        if states:
-            return states[0]
-        return "no worker"
+        return summarize_states(states)
+
+    def is_ready(self, model: str, version: str) -> bool:
+        """Whether a live worker reports (`model`, `version`) ready (stops at the first)."""
+        key = f"{model}/{version}"
+        return any(
+            w.models.get(key) == READY and w.is_fresh(self._max_age) for w in self.workers.values()
+        )
+
+
+def summarize_states(states: list[str]) -> str:
+    """One version's state across workers: ``ready`` if any serves it, else a permanent
+    failure, else a retried failure, else the first state; ``no worker`` without any."""
+    if READY in states:
+        return READY
+    for prefix in (REJECTED, FAILED):
+        found = [s for s in states if s.startswith(prefix)]
+        if found:
+            return found[0]
+    return states[0] if states else "no worker"

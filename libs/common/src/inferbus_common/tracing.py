@@ -1,33 +1,10 @@
 """Distributed tracing: one W3C trace per request, gateway → router → batcher → worker.
 
-The trace context travels as a W3C ``traceparent`` string: from the client
-(gRPC metadata or HTTP header) into the gateway, in the `headers.TRACEPARENT`
-NATS header to the router and the batcher, and inside each micro-batch entry
-(`wire.BatchEntry.traceparent`) to the worker. Each hop that records a span
-forwards *its own* span's context, so the spans nest:
-
-    gateway  inferbus.gateway.infer   (SERVER; root, or child of the client's span)
-    └ router   inferbus.router.route  (CONSUMER)
-      └ batcher  inferbus.batcher.queue  (CONSUMER; from intake to the batch stored)
-        ├ worker   inferbus.worker.request  (CONSUMER; this request's part of the batch)
-        └ worker   inferbus.worker.batch  (INTERNAL; one engine execution, linked to
-                                            every sampled request span it contains)
-
-Sampling is decided once, at the gateway, parent-based: a client's sampled
-``traceparent`` is always followed, an unsampled one never, and requests
-without one start a trace at ``tracing_sample_ratio``. That ratio is drawn
-here (`start_server_span`) before OpenTelemetry is called, and every later hop
-only continues sampled traces, telling them apart by the flags of the
-``traceparent`` string (`is_sampled`): an unsampled request costs a random
-draw at the gateway and a string check per later hop, and no span, id,
-attribute or context object is built for it. (OpenTelemetry's own
-``ParentBased(TraceIdRatioBased)`` would build a non-recording span with fresh
-ids for every unsampled request; the SDK's sampler here is ``ParentBased``
-with an always-on root, so its decision and ours agree.)
-
-The process-wide tracer is set once in each service's ``main``
-(`setup_tracing`) and flushed at exit (`shutdown_tracing`); until then, and
-when tracing is off, every function here is a cheap no-op.
+Sampling is decided once at the gateway (parent-based); later hops only look at
+the ``traceparent`` flags (`is_sampled`), so an unsampled request builds no
+span. `setup_tracing` / `shutdown_tracing` in each service's ``main``; until
+then every function is a cheap no-op. See docs/architecture.md ("Traces,
+logs and metrics").
 """
 
 from __future__ import annotations

@@ -281,6 +281,11 @@ def _put_str(parts: list[Buffer], value: str) -> None:
     parts.append(raw)
 
 
+def split_outputs(outs: str) -> tuple[str, ...]:
+    """Requested output names from their comma-joined form ('' = all)."""
+    return tuple(o for o in outs.split(",") if o) if outs else ()
+
+
 def _get_str(view: memoryview, offset: int) -> tuple[str, int]:
     (n,) = _U16.unpack_from(view, offset)
     offset += 2
@@ -387,7 +392,7 @@ def _decode_entries_inbox(view: memoryview) -> tuple[list[BatchEntry], int]:
                 deadline,
                 enqueued,
                 rows,
-                tuple(o for o in outs.split(",") if o) if outs else (),
+                split_outputs(outs),
                 tp,
                 mirror,
                 token,
@@ -420,14 +425,7 @@ def decode_batch(data: Buffer) -> MicroBatch:
                     mirror, offset = _get_str(view, offset)
                 entries.append(
                     BatchEntry(
-                        rid,
-                        reply,
-                        deadline,
-                        enqueued,
-                        rows,
-                        tuple(o for o in outs.split(",") if o),
-                        tp,
-                        mirror,
+                        rid, reply, deadline, enqueued, rows, split_outputs(outs), tp, mirror
                     )
                 )
         else:

@@ -542,6 +542,18 @@ def _sigcont(name: str) -> Action:
     return _blocking(lambda s: s.procs[name].send_signal(signal.SIGCONT))
 
 
+def _freeze_then_kill(name: str, frozen_s: float = 0.2) -> Action:
+    """SIGSTOP `name` (the batches its open pull gets stay with it, un-acked), then
+    kill -9 it: it dies holding work in flight."""
+
+    async def run(stack: ChaosStack) -> None:
+        stack.procs[name].send_signal(signal.SIGSTOP)
+        await asyncio.sleep(frozen_s)
+        await asyncio.to_thread(stack.procs[name].kill)
+
+    return run
+
+
 FAULTS: dict[str, Fault] = {
     f.name: f
     for f in [
@@ -549,6 +561,14 @@ FAULTS: dict[str, Fault] = {
             "kill-worker",
             "kill -9 one of two workers; restarted after the hold",
             _kill("worker0"),
+            _restart("worker0"),
+            hold_s=1.0,
+        ),
+        Fault(
+            "kill-busy-worker",
+            "kill -9 one of two workers while it holds batches (frozen 0.2 s first); "
+            "restarted after the hold",
+            _freeze_then_kill("worker0"),
             _restart("worker0"),
             hold_s=1.0,
         ),
@@ -596,7 +616,7 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault(
             "sigstop-worker",
-            "SIGSTOP one of two workers past ack_wait (1.5 s); SIGCONT after",
+            "SIGSTOP one of two workers past its batches' ack wait (0.5 s); SIGCONT after",
             _sigstop("worker0"),
             _sigcont("worker0"),
             hold_s=3.0,
@@ -648,6 +668,10 @@ class FaultReport:
     recovered_s: float | None
     duration_s: float
     retried: int
+    in_flight: int = 0
+    """Requests in flight when the fault struck (sent, not answered)."""
+    in_flight_answered_s: float | None = None
+    """When the last of those was answered, seconds after the fault struck."""
     alive: dict[str, bool] = field(default_factory=dict)
     samples: list[str] = field(default_factory=list)
 
@@ -678,6 +702,8 @@ class FaultReport:
             "recovered_s": self.recovered_s,
             "baseline_rps": round(self.baseline_rps, 1),
             "retried": self.retried,
+            "in_flight": self.in_flight,
+            "in_flight_answered_s": self.in_flight_answered_s,
             "duration_s": round(self.duration_s, 2),
             "alive": self.alive,
         }
@@ -710,6 +736,7 @@ async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultRepor
         t_fault = time.monotonic()
         before = [a for a in load.attempts if a.end <= t_fault]
         await fault.inject(stack)
+        t_struck = time.monotonic()
         await asyncio.sleep(fault.hold_s)
         await fault.heal(stack)
         t_heal = time.monotonic()
@@ -736,6 +763,7 @@ async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultRepor
     else:
         recovered = max(bad_after) - t_heal
     samples = sorted({f"{a.status}: {a.message[:160]}" for a in attempts if a.message})
+    caught = [a for a in attempts if a.start < t_struck < a.end]
     return FaultReport(
         fault=fault.name,
         what=fault.what,
@@ -753,15 +781,16 @@ async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultRepor
         recovered_s=round(recovered, 3) if recovered is not None else None,
         duration_s=t_end - t_begin,
         retried=sum(1 for a in attempts if a.tries > 1),
+        in_flight=len(caught),
+        in_flight_answered_s=(round(max(a.end for a in caught) - t_struck, 3) if caught else None),
         alive=stack.alive(),
         samples=samples[:12],
     )
 
 
 def environment() -> dict[str, str]:
-    """The stack environment the fault matrix needs (short ack wait: redelivery in the run)."""
+    """The stack environment the fault matrix needs (the product's own ack wait, 0.5 s)."""
     return {
-        "INFERBUS_WORKER_ACK_WAIT_S": "1.5",
         # The breaker would turn a burst of failures during a fault into seconds of
         # refusals after it; the matrix measures the platform's recovery, not the
         # breaker's hold time (which has its own tests).

@@ -1,10 +1,14 @@
-"""Audit records as the gateway encodes them, for tests that feed their readers."""
+"""Records as the services encode them (audit records, worker heartbeats), for tests
+that feed their readers."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
 
 from inferbus_common.audit import encode_record
+from inferbus_common.catalog import WorkerStatus
+from inferbus_common.subjects import subject_token
 
 
 def audit_record(
@@ -34,3 +38,20 @@ def audit_record(
         latency_ms=latency_ms,
         stages_ms=dict(stages_ms or {}),
     )
+
+
+def ready_heartbeat(
+    model: str, versions: Iterable[str], *, worker_id: str = "", fresh_for_s: float = 600.0
+) -> tuple[str, bytes]:
+    """(key, value) of a workers-bucket heartbeat reporting `versions` of `model` ready.
+
+    Stamped `fresh_for_s` into the future so it stays fresh for the whole test
+    (routers send nothing to a canary or shadow that no live worker serves).
+    """
+    status = WorkerStatus(
+        worker_id=worker_id or f"w-{model}",
+        pool="default",
+        models={f"{model}/{v}": "ready" for v in versions},
+        ts_ms=int((time.time() + fresh_for_s) * 1000),
+    )
+    return subject_token(status.worker_id), status.model_dump_json().encode()

@@ -137,7 +137,7 @@ class SecureStack(LocalStack):
         """Push with the registry's admin token and make the version ``stable``."""
         import asyncio
 
-        from inferbus_registry.client import RegistryClient
+        from inferbus_client.registry import RegistryClient
 
         async def _push() -> None:
             async with RegistryClient(self.registry_url, token=self.admin_token) as client:

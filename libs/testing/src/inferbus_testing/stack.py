@@ -193,7 +193,7 @@ class LocalStack:
     # --- models and metrics --------------------------------------------------
     def push(self, model_dir: Path, name: str, version: str = "1") -> None:
         """Push a model version through the registry and make it ``stable``."""
-        from inferbus_registry.client import RegistryClient
+        from inferbus_client.registry import RegistryClient
 
         async def _push() -> None:
             async with RegistryClient(self.registry_url) as client:

@@ -45,7 +45,7 @@ from inferbus_batcher.settings import BatcherSettings
 from inferbus_common import headers as h
 from inferbus_common import tracing
 from inferbus_common.bundles import BundledRequest, decode_request_bundle, is_request_bundle
-from inferbus_common.bus import connect, ensure_batch_stream
+from inferbus_common.bus import NO_STREAM_ERRORS, connect, ensure_batch_stream
 from inferbus_common.catalog import Catalog
 from inferbus_common.errors import (
     DeadlineExceeded,
@@ -805,7 +805,7 @@ class Batcher:
                     f"work queue refused the micro-batch for {where}: {exc.description}",
                     "work-queue-error",
                 ) from None
-            except nats.js.errors.NoStreamResponseError:
+            except NO_STREAM_ERRORS:
                 if attempt < s.publish_attempts and await self._restore_stream():
                     continue
                 raise _PublishFailed(

@@ -20,20 +20,25 @@ from __future__ import annotations
 import logging
 import time
 from types import TracebackType
+from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter
 
 from inferbus_common import tracing
 from inferbus_common.errors import InferbusError, ResourceExhausted
+from inferbus_common.logs import BufferedLines
+from inferbus_common.loopmetrics import LoopGauge, LoopHistogram
 from inferbus_gateway.admission import BreakerOpen
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.tracelog import TraceSettings
 
 access_log = logging.getLogger("inferbus_gateway.access")
+ACCESS_LINES = BufferedLines(access_log)
+"""The access log's lines, written in batches (`inferbus_common.logs.BufferedLines`)."""
 
 SPAN_NAME = "inferbus.gateway.infer"
 
-STAGE_SECONDS = Histogram(
+STAGE_SECONDS = LoopHistogram(
     "inferbus_gateway_stage_seconds",
     "Where an answered request's time went, by stage: gateway (admission, validation, "
     "encoding), queue (batcher and work queue), compute (engine), pre/post (processing, "
@@ -60,7 +65,7 @@ STAGE_SECONDS = Histogram(
         10.0,
     ),
 )
-IN_FLIGHT = Gauge(
+IN_FLIGHT = LoopGauge(
     "inferbus_gateway_in_flight_requests",
     "Inference requests the gateway has taken and not answered yet (both protocols).",
 )
@@ -75,7 +80,7 @@ _REFUSALS = {
     "UNAUTHENTICATED": "unauthenticated",
     "PERMISSION_DENIED": "permission-denied",
 }
-_stage_children: dict[tuple[str, str], Histogram] = {}
+_stage_children: dict[tuple[str, str], Any] = {}
 
 
 def _observe_stages(model: str, timings_ms: dict[str, float]) -> None:
@@ -92,7 +97,7 @@ def _observe_stages(model: str, timings_ms: dict[str, float]) -> None:
     _stage(model, "bus").observe(max(0.0, rest) / 1000.0)
 
 
-def _stage(model: str, stage: str) -> Histogram:
+def _stage(model: str, stage: str) -> Any:
     child = _stage_children.get((model, stage))
     if child is None:
         child = _stage_children[(model, stage)] = STAGE_SECONDS.labels(model, stage)
@@ -233,11 +238,4 @@ class RequestScope:
                 extra["trace_id"] = trace_id
             if reason:
                 extra["reason"] = reason
-            # `handle(makeRecord(...))` is `info(...)` without the caller lookup
-            # (a stack walk per request); the line is the same, `JsonFormatter`
-            # writes no source location.
-            access_log.handle(
-                access_log.makeRecord(
-                    access_log.name, logging.INFO, __file__, 0, "infer", (), None, extra=extra
-                )
-            )
+            ACCESS_LINES.info("infer", extra)

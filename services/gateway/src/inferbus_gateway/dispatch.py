@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Gauge
 
 from inferbus_common import headers as h
 from inferbus_common.bundles import (
@@ -37,9 +37,11 @@ from inferbus_common.bundles import (
     decode_reply_bundle,
     encode_request_bundle,
 )
+from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import Route
 from inferbus_common.codec import Buffer, Tensor
-from inferbus_common.errors import DeadlineExceeded, InferbusError, Unavailable
+from inferbus_common.errors import DeadlineExceeded, InferbusError, InvalidArgument, Unavailable
+from inferbus_common.loopmetrics import LoopCounter, LoopHistogram
 from inferbus_common.replies import error_from_fields
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import FrameError, encode_tensors, tensor_frame_parts
@@ -47,26 +49,24 @@ from inferbus_gateway.loopload import LoopLoad
 
 log = logging.getLogger(__name__)
 
-_NATS_STATUS = "Status"
-_NO_RESPONDERS = "503"
 _NATS_SUBJECT = "Nats-Subject"
 _BUNDLE_OVERHEAD = 4096
 """Bytes kept free under the bus's message size limit for a bundle's headers."""
 
-DUPLICATE_REPLIES = Counter(
+DUPLICATE_REPLIES = LoopCounter(
     "inferbus_gateway_duplicate_replies_total",
     "Replies dropped because the request was already answered (or given up).",
 )
-BUNDLE_REQUESTS = Histogram(
+BUNDLE_REQUESTS = LoopHistogram(
     "inferbus_gateway_bundle_requests",
     "Requests per request bundle the gateway sent.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
-REPLY_BUNDLES = Counter(
+REPLY_BUNDLES = LoopCounter(
     "inferbus_gateway_reply_bundles_total",
     "Reply bundles received (each answers one or more requests).",
 )
-HELD_BUNDLES = Counter(
+HELD_BUNDLES = LoopCounter(
     "inferbus_gateway_held_bundles_total",
     "Bundles that collected requests for the bundle window (the gateway was "
     "saturated), as opposed to going at the end of the loop turn that opened them.",
@@ -152,6 +152,7 @@ class _Call:
     request: BundledRequest
     parts: list[Buffer]
     key: str
+    size: int = 0
     token: int = 0
 
 
@@ -196,10 +197,10 @@ class Dispatcher:
         *,
         direct: bool = False,
         bundles: bool = True,
-        bundle_window_s: float = 0.003,
+        bundle_window_s: float = 0.006,
         bundle_max_requests: int = 256,
         busy: Callable[[], bool] | None = None,
-        bundle_busy_demand: float = 0.85,
+        bundle_busy_demand: float = 0.9,
     ) -> None:
         self._direct = direct
         self._bundles = bundles
@@ -220,6 +221,7 @@ class Dispatcher:
         self._bundle_inbox = f"{self._inbox}.b"
         self._pending: dict[int, _Call | asyncio.Future[Reply]] = {}
         self._next_token = 1
+        self._waiting = 0
         self._open: dict[str, _Bundle] = {}
         self._sends: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
@@ -267,7 +269,7 @@ class Dispatcher:
     @property
     def in_flight(self) -> int:
         """Requests waiting for their reply (sent or still in an open bundle)."""
-        return len(self._pending) + sum(len(b.calls) for b in self._open.values())
+        return self._waiting
 
     # --- replies ---------------------------------------------------------------
     async def _on_reply(self, msg: Msg) -> None:
@@ -287,7 +289,7 @@ class Dispatcher:
         if fut is None or fut.done():
             DUPLICATE_REPLIES.inc()
             return
-        if not msg.data and (msg.headers or {}).get(_NATS_STATUS) == _NO_RESPONDERS:
+        if is_no_responders(msg):
             fut.set_exception(_no_responders(msg))
             return
         fut.set_result(Reply.from_msg(msg))
@@ -321,7 +323,7 @@ class Dispatcher:
 
     def _on_bundle_no_responders(self, suffix: str, msg: Msg) -> None:
         """nats-server's "no responders" for a bundle: fail its still-waiting calls now."""
-        if msg.data or (msg.headers or {}).get(_NATS_STATUS) != _NO_RESPONDERS:
+        if not is_no_responders(msg):
             return
         try:
             first, last = (int(x) for x in suffix[1:].split("_", 1))
@@ -375,6 +377,12 @@ class Dispatcher:
             subject = self._subjects.route(model)
             version = ""
         if not self._bundles:
+            if sum(t.nbytes for t in tensors) > self._nc.max_payload - _BUNDLE_OVERHEAD:
+                raise InvalidArgument(
+                    f"the request's tensors are larger than a message on the platform's "
+                    f"bus may be ({self._nc.max_payload} bytes, nats-server max_payload); "
+                    "send fewer rows per request"
+                )
             return await self._call_single(
                 subject,
                 model,
@@ -390,6 +398,14 @@ class Dispatcher:
             )
         loop = asyncio.get_running_loop()
         parts = tensor_frame_parts(tensors)
+        size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+        limit = self._nc.max_payload - _BUNDLE_OVERHEAD
+        if size > limit:
+            raise InvalidArgument(
+                f"the request's tensors take {size} bytes, more than the {limit} bytes a "
+                "message on the platform's bus may carry (nats-server max_payload); send "
+                "fewer rows per request"
+            )
         call = _Call(
             loop.create_future(),
             BundledRequest(
@@ -406,6 +422,7 @@ class Dispatcher:
             ),
             parts,
             subject,
+            size,
         )
         rows = tensors[0].shape[0] if tensors and tensors[0].shape else 1
         lead = self._enqueue(call, model, version, rows, max_rows, window_s)
@@ -453,7 +470,7 @@ class Dispatcher:
         end of this loop turn (the subject is not busy), else None.
         """
         key = call.key
-        size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in call.parts)
+        size = call.size
         bundle = self._open.get(key)
         if bundle is not None and (
             bundle.nbytes + size > self._nc.max_payload - _BUNDLE_OVERHEAD
@@ -473,6 +490,7 @@ class Dispatcher:
                 window = self._window_s if window_s is None else min(window_s, self._window_s)
                 bundle.timer = asyncio.get_running_loop().call_later(window, self._flush, key)
         bundle.calls.append(call)
+        self._waiting += 1
         bundle.nbytes += size
         bundle.rows += rows
         if (bundle.max_rows and bundle.rows >= bundle.max_rows) or len(
@@ -544,6 +562,7 @@ class Dispatcher:
 
     def _done(self, call: _Call) -> None:
         """A call ended (answered, timed out or cancelled): forget its token."""
+        self._waiting -= 1
         if call.token:
             self._pending.pop(call.token, None)
 

@@ -33,7 +33,7 @@ from nats.aio.subscription import Subscription
 from prometheus_client import Counter, Histogram
 
 from inferbus_common import headers as h
-from inferbus_common.catalog import Catalog, DeployedVersion
+from inferbus_common.catalog import Catalog, DeployedVersion, not_ready_error
 from inferbus_common.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -495,10 +495,7 @@ class GenerationService:
             dv = self.resolve(model, version)
             state = self.catalog.version_state(dv.model, dv.version)
             if state != "ready":
-                raise Unavailable(
-                    f"model '{dv.model}' version '{dv.version}' is not ready ({state}); "
-                    "check `inferbus status` and the LLM worker's log"
-                )
+                raise not_ready_error(dv.model, dv.version, state)
             gen = dv.config.generation or GenerationConfig()
             if timeout_s is None:
                 timeout_s = min(gen.default_timeout_ms / 1000.0, self.default_timeout_s)

@@ -41,10 +41,10 @@ class LoopLoad:
     def __init__(
         self,
         *,
-        interval_s: float = 0.02,
-        alpha: float = 0.3,
-        high: float = 0.85,
-        low: float = 0.7,
+        interval_s: float = 0.05,
+        alpha: float = 0.2,
+        high: float = 0.9,
+        low: float = 0.75,
     ) -> None:
         self._interval = interval_s
         self._alpha = alpha

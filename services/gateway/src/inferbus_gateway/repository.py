@@ -1,29 +1,7 @@
-"""Triton's model repository extension, mapped onto the registry.
-
-Triton tooling (``tritonclient``'s ``get_model_repository_index``,
-``load_model``, ``unload_model``; the ``/v2/repository/...`` REST paths)
-works against inferbus unchanged:
-
-* **index**: every version the registry holds, with a Triton state
-  (``READY``, ``LOADING``, ``UNAVAILABLE``) and reason, from the registry's
-  model list (archived, unloaded, aliases) and the workers' heartbeats in the
-  catalog (``ready``, ``loading``, ``failed: ...``).
-* **load**: the registry publishes the model's route again (``SetServing``),
-  after making the ``version`` parameter (a version or alias) ``stable`` when
-  given; the call then waits until a worker reports the stable version ready,
-  or fails with the worker's reason, or UNAVAILABLE after the load timeout.
-  Without ``version`` the current ``stable`` is loaded: a plain load never
-  promotes an untested version.
-* **unload**: the registry withdraws the route (aliases and files are kept);
-  workers drain and unload after their grace period; the call returns once
-  this gateway's catalog no longer routes the model, so ``is_model_ready`` is
-  false right after it.
-
-The gateway talks to the registry over its gRPC API with the generated stub
-from `inferbus_proto` (services never import each other). Access: like
-Triton's ``model-repository`` restricted API, these calls need a caller that
-authenticates (when auth is on); load and unload also need access to the
-model, and the index lists only the models the caller may access.
+"""Triton's model repository extension (index, load, unload) mapped onto the
+registry's gRPC API and the workers' heartbeats, so ``tritonclient``'s
+repository calls work unchanged. See docs/architecture.md ("Triton's model
+repository extension").
 """
 
 from __future__ import annotations

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nats.aio.client import Client
-from prometheus_client import Counter, Histogram
 
 from inferbus_common import headers as h
 from inferbus_common.audit import encode_record
-from inferbus_common.catalog import Catalog, DeployedVersion
+from inferbus_common.catalog import Catalog, DeployedVersion, is_rejected, not_ready_error
 from inferbus_common.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -24,6 +25,7 @@ from inferbus_common.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from inferbus_common.loopmetrics import LoopCounter, LoopHistogram
 from inferbus_common.modelconfig import TensorSpec
 from inferbus_common.modelstats import sum_stats
 from inferbus_common.subjects import Subjects
@@ -40,12 +42,12 @@ from inferbus_gateway.sharedmemory import SystemSharedMemory
 from inferbus_gateway.tracelog import LogSettings, TraceSettings
 from inferbus_gateway.triton import triton_config, triton_statistics
 
-REQUESTS = Counter(
+REQUESTS = LoopCounter(
     "inferbus_gateway_requests_total",
     "Inference requests answered by the gateway.",
     ["model", "version", "protocol", "status"],
 )
-LATENCY = Histogram(
+LATENCY = LoopHistogram(
     "inferbus_gateway_request_duration_seconds",
     "End-to-end latency of inference requests seen by the gateway.",
     ["model", "protocol"],
@@ -92,11 +94,20 @@ MAX_REQUEST_ID = 256
 
 log = logging.getLogger(__name__)
 
+_ID_PREFIX = secrets.token_hex(8)
+_id_counter = itertools.count(1)
 
-_answered_children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+
+def _new_id() -> str:
+    """An id for a request that brings none: 32 hex digits like ``uuid4().hex``, a
+    random prefix per process and a counter (no system call per id)."""
+    return f"{_ID_PREFIX}{next(_id_counter):016x}"
 
 
-def _answered_metrics(model: str, version: str, protocol: str) -> tuple[Counter, Histogram]:
+_answered_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+
+
+def _answered_metrics(model: str, version: str, protocol: str) -> tuple[Any, Any]:
     """`REQUESTS` (status OK) and `LATENCY` children of a model version, made once.
 
     ``labels(...)`` builds and looks up its key on every call; an answered
@@ -374,7 +385,7 @@ class InferenceService:
         t0 = time.perf_counter()
         if not request.received_ns:
             request.received_ns = time.time_ns()
-        outcome = _Outcome(request_id=request.id or uuid.uuid4().hex, version=request.version)
+        outcome = _Outcome(request_id=request.id or _new_id(), version=request.version)
         admission = self._admission
         try:
             if admission is not None:
@@ -569,7 +580,7 @@ class InferenceService:
     ) -> InferResponse:
         if len(request.id) > MAX_REQUEST_ID:
             raise InvalidArgument(f"request id is longer than {MAX_REQUEST_ID} characters")
-        request_id = request.id or (outcome.request_id if outcome else "") or uuid.uuid4().hex
+        request_id = request.id or (outcome.request_id if outcome else "") or _new_id()
         dv = self.resolve(request.model, request.version)
         if dv.config.generative:
             raise FailedPrecondition(
@@ -596,16 +607,14 @@ class InferenceService:
                 t_wait = time.perf_counter()
                 state = await self._lazy.request_wait(dv.model, dv.version, timeout_s)
                 timeout_s = max(0.001, timeout_s - (time.perf_counter() - t_wait))
-                if state != "ready":
+                if state != "ready" and not is_rejected(state):
                     raise Unavailable(
                         f"model '{dv.model}' version '{dv.version}' is loading "
                         f"(load_policy lazy; {state}); retry in a few seconds"
                     )
         if state != "ready":
-            raise Unavailable(
-                f"model '{dv.model}' version '{dv.version}' is not ready ({state}); "
-                "check `inferbus status` and the worker logs"
-            )
+            # FAILED_PRECONDITION for a version its workers refuse for good, else UNAVAILABLE.
+            raise not_ready_error(dv.model, dv.version, state)
         deadline_ns = h.deadline_from_timeout(timeout_s)
         t_sent = time.perf_counter()
         if request.sequence is not None:

@@ -110,23 +110,22 @@ class GatewaySettings(ServiceSettings):
     direct_dispatch: bool = True
     """Send requests whose route leaves nothing to decide (no pinned version, no canary
     taking traffic, no shadow) straight to the stable version's batchers, skipping the
-    router hop (``inferbus_gateway.dispatch.plain_version``): 1.17x requests/s at
-    concurrency 64 and 0.91x p50 at concurrency 1 (round 6 in ``bench/findings.md``).
-    Off: every request goes through the router (its metrics and spans then count all
-    traffic)."""
+    router hop (``inferbus_gateway.dispatch.plain_version``; what it saves:
+    docs/architecture.md, step 2). Off: every request goes through the router (its
+    metrics and spans then count all traffic)."""
 
     bundles: bool = True
     """Send requests as request bundles: those for the same model (and version) travel
     as one message and are answered by one reply bundle per engine run
     (docs/architecture.md, "Bundles"). Off: one message per request each way."""
-    bundle_busy_demand: float = Field(default=0.85, ge=0.0, le=2.0)
+    bundle_busy_demand: float = Field(default=0.9, ge=0.0, le=2.0)
     """Share of wall time the gateway's event-loop thread runs or waits to run (its
-    demand, sampled from the scheduler every 20 ms) from which on the gateway counts as
-    saturated. Saturated, a bundle collects requests for ``bundle_window_us`` (fewer,
-    fuller messages: less CPU per request where CPU is what limits); otherwise a bundle
-    holds what arrives in one event-loop turn and no request waits. 0: always collect;
-    above 1: never."""
-    bundle_window_us: int = Field(default=3000, ge=0, le=1_000_000)
+    demand, sampled from the scheduler every 50 ms, averaged) from which on the gateway
+    counts as saturated (and up to which, less 0.15, it stays so). Saturated, a bundle
+    collects requests for up to ``bundle_window_us`` (fewer, fuller messages: less CPU
+    per request where CPU is what limits); otherwise a bundle holds what arrives in one
+    event-loop turn and no request waits. 0: always collect; above 1: never."""
+    bundle_window_us: int = Field(default=6000, ge=0, le=1_000_000)
     """How long a bundle collects requests while the gateway is saturated."""
     bundle_max_requests: int = Field(default=256, ge=1, le=65535)
     """A bundle is sent as soon as it holds this many requests."""

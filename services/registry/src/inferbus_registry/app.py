@@ -1,9 +1,10 @@
 """The registry process as one async context manager: store, NATS, gRPC and ops HTTP.
 
-Start-up order: store reachable → NATS connected → catalog republished into
-KV → ops HTTP → gRPC listening → ports file written. Shutdown reverses it:
-/readyz turns 503 and gRPC `stop(grace)` lets in-flight calls finish, then
-the ops server stops and NATS is flushed and closed.
+Start-up order: store reachable → NATS connected → live catalog view loaded
+(worker states, for `promotion`) → catalog republished into KV → ops HTTP →
+gRPC listening → ports file written. Shutdown reverses it: /readyz turns 503
+and gRPC `stop(grace)` lets in-flight calls finish, then the ops server stops
+and NATS is flushed and closed.
 """
 
 from __future__ import annotations
@@ -17,19 +18,22 @@ import grpc
 from nats.aio.client import Client
 
 from inferbus_common import bus
+from inferbus_common.catalog import Catalog
 from inferbus_common.errors import InferbusError, Unavailable
 from inferbus_common.grpcauth import TokenGuard, read_secret
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.ops import bind_socket, ops_app, serve_http, write_ports_file
 from inferbus_common.registrychannel import message_size_options
-from inferbus_common.signing import load_private_key
+from inferbus_common.signing import load_private_key, parse_trusted_keys
 from inferbus_common.subjects import Subjects
 from inferbus_proto.registry import registry_pb2_grpc
+from inferbus_registry.grpcerrors import NATS_ERRORS
 from inferbus_registry.pools import PoolBook
+from inferbus_registry.promotion import PromotionWatcher
 from inferbus_registry.publisher import CatalogPublisher
 from inferbus_registry.repository import ModelRepository
 from inferbus_registry.rollout import RolloutController
-from inferbus_registry.service import NATS_ERRORS, RegistryService
+from inferbus_registry.service import RegistryService
 from inferbus_registry.settings import RegistrySettings
 from inferbus_registry.store import LocalStore, S3Store, Store
 
@@ -78,12 +82,14 @@ class RegistryApp:
                 load_private_key(settings.signing_key_file) if settings.signing_key_file else None
             ),
             signing_key_id=settings.signing_key_id,
+            trusted_keys=parse_trusted_keys(settings.trusted_keys),
         )
         self.subjects = Subjects(settings.subject_prefix)
         self.grpc_port = 0
         self.metrics_port = 0
         self.pools: PoolBook | None = None
         self.rollouts: RolloutController | None = None
+        self.promotions: PromotionWatcher | None = None
         self._nc: Client | None = None
         self._server: grpc.aio.Server | None = None
         self._stack = contextlib.AsyncExitStack()
@@ -92,6 +98,10 @@ class RegistryApp:
         self._stopping = False
         self._probe: asyncio.Task[None] | None = None
         self._probe_stop = asyncio.Event()
+
+    def _catalog_changed(self) -> None:
+        if self.promotions is not None:
+            self.promotions.wake()
 
     def ready(self) -> tuple[bool, str]:
         """(ready, reason) for /readyz."""
@@ -163,8 +173,23 @@ class RegistryApp:
         self._nc = await bus.connect(settings.nats_url, name, **settings.nats_auth())
         self._stack.push_async_callback(self._close_nats)
 
-        publisher = CatalogPublisher(self._nc, self.subjects)
+        # Worker heartbeats and routes, for make-before-break of ``stable`` (promotion.py):
+        # loaded before the republish, so a pending promotion is not lost at start-up.
+        catalog = Catalog(self._nc.jetstream(), self.subjects, on_change=self._catalog_changed)
+        await catalog.__aenter__()
+        self._stack.push_async_callback(catalog.__aexit__, None, None, None)
+        await catalog.wait_loaded()
+        publisher = CatalogPublisher(self._nc, self.subjects, ready=catalog.is_ready)
         await publisher.republish_all(self.repo)
+        self.promotions = PromotionWatcher(
+            catalog,
+            self.repo,
+            publisher,
+            timeout_s=settings.promotion_timeout_s,
+            tick_s=settings.rollout_tick_s,
+        )
+        self.promotions.start()
+        self._stack.push_async_callback(self.promotions.stop)
         self._republished = True
 
         sock = bind_socket(settings.host, settings.metrics_port)

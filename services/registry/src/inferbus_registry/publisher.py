@@ -17,14 +17,18 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
+from inferbus_common.bus import NO_STREAM_ERRORS
 from inferbus_common.catalog import Route, ensure_kv
 from inferbus_common.subjects import Subjects
 from inferbus_registry import metrics
 from inferbus_registry.repository import ModelRepository, ModelState, VersionRecord
 from inferbus_registry.traffic import (
+    Ready,
     RouteWrite,
     cas_write,
+    hold_stable,
     merge_catalog,
+    now_ms,
     read_route,
     route_event_fields,
 )
@@ -38,11 +42,15 @@ class CatalogPublisher:
     Args:
         nc: a connected NATS client.
         subjects: naming scheme.
+        ready: (model, version) → a live worker serves it; with it, a catalog write
+            that moves ``stable`` is held until the new version is ready
+            (`traffic.hold_stable`); None: no hold (no view of the workers).
     """
 
-    def __init__(self, nc: Client, subjects: Subjects) -> None:
+    def __init__(self, nc: Client, subjects: Subjects, *, ready: Ready | None = None) -> None:
         self._nc = nc
         self._subjects = subjects
+        self.ready = ready
         self._models: KeyValue | None = None
         self._routes: KeyValue | None = None
 
@@ -79,7 +87,7 @@ class CatalogPublisher:
         try:
             kv = await ensure_kv(js, self._subjects.profiles_bucket, history=1)
             await kv.put(key, value)
-        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+        except NO_STREAM_ERRORS:
             kv = await ensure_kv(js, self._subjects.profiles_bucket, history=1)
             await kv.put(key, value)
 
@@ -91,13 +99,15 @@ class CatalogPublisher:
                 # Unloaded or gone: withdraw the route so workers unload it.
                 await self.remove_route(state.name)
             return
+        ready = self.ready
+        now = now_ms()
+
+        def mutate(current: Route | None) -> Route:
+            merged = merge_catalog(route, current)
+            return merged if ready is None else hold_stable(merged, current, ready, now)
+
         # The catalog change has its own event (version_pushed, alias_set, ...).
-        await self.write_route(
-            state.name,
-            lambda current: merge_catalog(route, current),
-            updated_by="registry",
-            publish_event=False,
-        )
+        await self.write_route(state.name, mutate, updated_by="registry", publish_event=False)
 
     async def routes_kv(self) -> KeyValue:
         """The routes bucket (opened when needed)."""
@@ -147,7 +157,7 @@ class CatalogPublisher:
 
         try:
             return await write(await self.routes_kv())
-        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+        except NO_STREAM_ERRORS:
             log.warning("routes bucket missing on NATS; re-creating it")
             await self.open()
             return await write(self._kv()[1])
@@ -170,14 +180,14 @@ class CatalogPublisher:
             await self._kv()[which].delete(key)
         except nats.js.errors.KeyNotFoundError:
             pass
-        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+        except NO_STREAM_ERRORS:
             # A bucket that is gone holds no key to delete; re-create it for later writes.
             await self.open()
 
     async def _put(self, which: int, key: str, value: bytes) -> None:
         try:
             await self._kv()[which].put(key, value)
-        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+        except NO_STREAM_ERRORS:
             # The bucket's stream is gone (a NATS server that lost its state):
             # create it again and retry once.
             log.warning("catalog bucket missing on NATS; re-creating it")

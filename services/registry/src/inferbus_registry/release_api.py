@@ -1,31 +1,24 @@
 """The release-management RPCs of the registry: route writes, rollouts, pools.
 
 A mixin of `RegistryService` (kept apart so the model-repository RPCs and
-these evolve without touching each other). Errors follow the service's rule:
-typed `InferbusError`s become their gRPC status with their message, anything
-else is logged and answered INTERNAL.
+these evolve without touching each other). Errors are answered as
+`grpcerrors.answer` says.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import grpc
-import nats.errors
-import nats.js.errors
 
 from inferbus_common.catalog import Route
 from inferbus_common.errors import (
     FailedPrecondition,
-    InferbusError,
-    Internal,
     NotFound,
-    Unavailable,
 )
 from inferbus_proto.registry import registry_pb2
 from inferbus_registry import metrics
+from inferbus_registry.grpcerrors import answer
 from inferbus_registry.pools import PoolBook, PoolLedger
 from inferbus_registry.publisher import CatalogPublisher
 from inferbus_registry.repository import ModelRepository
@@ -40,30 +33,6 @@ from inferbus_registry.traffic import (
 )
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-_NATS_ERRORS: tuple[type[Exception], ...] = (
-    nats.errors.Error,
-    nats.js.errors.Error,
-    TimeoutError,
-)
-
-
-async def _answer(
-    context: grpc.aio.ServicerContext, what: str, call: Callable[[], Awaitable[T]]
-) -> T:
-    try:
-        return await call()
-    except InferbusError as exc:
-        err: InferbusError = exc
-    except _NATS_ERRORS as exc:
-        err = Unavailable(f"{what}: NATS is unreachable or slow ({type(exc).__name__}); retry")
-    except Exception as exc:
-        log.error("%s failed", what, exc_info=exc)
-        err = Internal(f"{what} failed: internal error (see registry logs)")
-    await context.abort(grpc.StatusCode[err.code.grpc_name], err.message)
-    raise AssertionError("unreachable: context.abort raises")
 
 
 def rollout_state(rollout: Rollout) -> registry_pb2.RolloutState:
@@ -143,7 +112,7 @@ class ReleaseRPCs:
         self, request: registry_pb2.GetRouteRequest, context: grpc.aio.ServicerContext
     ) -> registry_pb2.RouteState:
         """The model's route, its KV revision and up to `history` earlier revisions."""
-        return await _answer(
+        return await answer(
             context, "GetRoute", lambda: self._route_state(request.model, request.history)
         )
 
@@ -184,6 +153,11 @@ class ReleaseRPCs:
             archived=list(state.archived),
             versions=(change.canary or "", change.shadow or ""),
         )
+        if not request.force:
+            # Refuse a corrupt or foreign artifact before traffic moves to it.
+            for version in {change.canary or "", change.shadow or ""} - {""}:
+                if version in versions:  # an unknown one is refused by apply_traffic
+                    await self._repo.verify(model, version)
         pools = self._pools
         frozen_checks: list[tuple[str, str]] = []
         if pools is not None:
@@ -243,7 +217,7 @@ class ReleaseRPCs:
         self, request: registry_pb2.SetTrafficRequest, context: grpc.aio.ServicerContext
     ) -> registry_pb2.RouteState:
         """Change canary/shadow/sticky/pool with compare-and-set (see the .proto)."""
-        return await _answer(context, "SetTraffic", lambda: self._set_traffic(request))
+        return await answer(context, "SetTraffic", lambda: self._set_traffic(request))
 
     async def StartRollout(
         self, request: registry_pb2.StartRolloutRequest, context: grpc.aio.ServicerContext
@@ -267,7 +241,7 @@ class ReleaseRPCs:
             )
             return rollout_state(rollout)
 
-        return await _answer(context, "StartRollout", call)
+        return await answer(context, "StartRollout", call)
 
     async def GetRollout(
         self, request: registry_pb2.GetRolloutRequest, context: grpc.aio.ServicerContext
@@ -282,7 +256,7 @@ class ReleaseRPCs:
                 )
             return rollout_state(rollout)
 
-        return await _answer(context, "GetRollout", call)
+        return await answer(context, "GetRollout", call)
 
     async def ControlRollout(
         self, request: registry_pb2.ControlRolloutRequest, context: grpc.aio.ServicerContext
@@ -298,7 +272,7 @@ class ReleaseRPCs:
             )
             return rollout_state(rollout)
 
-        return await _answer(context, "ControlRollout", call)
+        return await answer(context, "ControlRollout", call)
 
     async def ListPools(
         self, request: registry_pb2.ListPoolsRequest, context: grpc.aio.ServicerContext
@@ -309,7 +283,7 @@ class ReleaseRPCs:
             ledger = await self._need_pools().ledger()
             return registry_pb2.ListPoolsResponse(pools=[pool_info(e) for e in ledger])
 
-        return await _answer(context, "ListPools", call)
+        return await answer(context, "ListPools", call)
 
     async def SetPool(
         self, request: registry_pb2.SetPoolRequest, context: grpc.aio.ServicerContext
@@ -330,7 +304,7 @@ class ReleaseRPCs:
                     return pool_info(entry)
             return pool_info(PoolLedger(name=spec.name, spec=spec, configured=True))
 
-        return await _answer(context, "SetPool", call)
+        return await answer(context, "SetPool", call)
 
 
 def _version_arg(value: object) -> str | None:

@@ -24,12 +24,12 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import ValidationError
 
 from inferbus_common.catalog import DeployedVersion, Route
@@ -37,6 +37,7 @@ from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.signing import ALGORITHM, sign, signed_payload
 from inferbus_registry import naming
+from inferbus_registry.integrity import verify_artifact
 from inferbus_registry.onnxcheck import check_onnx, derive_config
 from inferbus_registry.processingcheck import check_label_files, check_processing
 from inferbus_registry.profilecheck import PROFILE_FILE, check_profile
@@ -241,6 +242,9 @@ class ModelRepository:
         spool_dir: where pushed files wait while being checked (None = the
             system temp dir); it needs room for the largest push.
         max_push_bytes: a push sending more is refused.
+        signing_key: signs every pushed version (None: unsigned).
+        signing_key_id: the name recorded with each signature.
+        trusted_keys: other keys whose signatures `verify` accepts (rotation).
     """
 
     def __init__(
@@ -251,10 +255,14 @@ class ModelRepository:
         max_push_bytes: int = 16 << 30,
         signing_key: Ed25519PrivateKey | None = None,
         signing_key_id: str = "",
+        trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
     ) -> None:
         self.store = store
         self._signing_key = signing_key
         self._signing_key_id = signing_key_id
+        self._verify_keys: dict[str, Ed25519PublicKey] = dict(trusted_keys or {})
+        if signing_key is not None:
+            self._verify_keys[signing_key_id] = signing_key.public_key()
         self._spool_dir = spool_dir
         self._max_push = max_push_bytes
         self._locks: dict[str, asyncio.Lock] = {}
@@ -373,6 +381,27 @@ class ModelRepository:
             profile_json=profile_json,
         )
 
+    async def verify(self, model: str, version_or_alias: str) -> VersionRecord:
+        """A stored version whose files match its manifest and whose signature verifies
+        (when the registry knows any key): the check before it may take traffic.
+
+        Raises:
+            NotFound: unknown model, alias or version.
+            FailedPrecondition: naming the mismatch (`integrity.verify_artifact`).
+        """
+        record = await self.get_version(model, version_or_alias)
+        await verify_artifact(
+            self.store,
+            _version_prefix(model, record.version),
+            model=model,
+            version=record.version,
+            files={p: (f.sha256, f.size) for p, f in record.files.items()},
+            signature=record.signature,
+            key_id=record.key_id,
+            keys=self._verify_keys,
+        )
+        return record
+
     async def open_file(
         self, model: str, version_or_alias: str, path: str, chunk_size: int
     ) -> tuple[VersionRecord, AsyncIterator[bytes]]:
@@ -424,11 +453,7 @@ class ModelRepository:
         naming.check_alias(alias)
         naming.check_version(version)
         async with self._lock(model):
-            state = await self.state(model)
-            if version not in state.versions:
-                raise NotFound(
-                    f"model {model!r} has no version {version!r}; versions: {state.versions}"
-                )
+            state = await self._state_with(model, version)
             if version in state.archived:
                 raise FailedPrecondition(
                     f"model {model!r} version {version!r} is archived; run "
@@ -471,6 +496,19 @@ class ModelRepository:
                 f"({what}); point those at another version first (`inferbus models alias`)"
             )
 
+    async def _state_with(self, model: str, version: str) -> ModelState:
+        """The model's state, which must hold `version`.
+
+        Raises:
+            NotFound: unknown model or version.
+        """
+        state = await self.state(model)
+        if version not in state.versions:
+            raise NotFound(
+                f"model {model!r} has no version {version!r}; versions: {state.versions}"
+            )
+        return state
+
     def _relatest(self, state: ModelState) -> dict[str, str]:
         aliases = dict(state.aliases)
         active = state.active_versions()
@@ -495,11 +533,7 @@ class ModelRepository:
         naming.check_model_name(model)
         naming.check_version(version)
         async with self._lock(model):
-            state = await self.state(model)
-            if version not in state.versions:
-                raise NotFound(
-                    f"model {model!r} has no version {version!r}; versions: {state.versions}"
-                )
+            state = await self._state_with(model, version)
             if version in state.archived:
                 return state
             await self._check_not_serving(state, version, "archive", live)
@@ -525,11 +559,7 @@ class ModelRepository:
         naming.check_model_name(model)
         naming.check_version(version)
         async with self._lock(model):
-            state = await self.state(model)
-            if version not in state.versions:
-                raise NotFound(
-                    f"model {model!r} has no version {version!r}; versions: {state.versions}"
-                )
+            state = await self._state_with(model, version)
             if version not in state.archived:
                 return state
             await self.store.delete(f"{_version_prefix(model, version)}/{ARCHIVED_FILE}")
@@ -553,11 +583,7 @@ class ModelRepository:
         naming.check_model_name(model)
         naming.check_version(version)
         async with self._lock(model):
-            state = await self.state(model)
-            if version not in state.versions:
-                raise NotFound(
-                    f"model {model!r} has no version {version!r}; versions: {state.versions}"
-                )
+            state = await self._state_with(model, version)
             await self._check_not_serving(state, version, "delete", live)
             prefix = _version_prefix(model, version)
             try:

@@ -12,20 +12,17 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-import nats.errors
-import nats.js.errors
 
 from inferbus_common.catalog import Route
 from inferbus_common.errors import (
     FailedPrecondition,
-    InferbusError,
-    Internal,
     InvalidArgument,
     NotFound,
     Unavailable,
 )
 from inferbus_proto.registry import registry_pb2, registry_pb2_grpc
 from inferbus_registry import metrics
+from inferbus_registry.grpcerrors import NATS_ERRORS, abort, answer, as_error
 from inferbus_registry.pools import PoolBook
 from inferbus_registry.publisher import CatalogPublisher
 from inferbus_registry.release_api import ReleaseRPCs
@@ -34,20 +31,6 @@ from inferbus_registry.rollout import RolloutController
 from inferbus_registry.store import CHUNK_SIZE
 
 log = logging.getLogger(__name__)
-
-#: Failures of NATS calls: the bus is down or slow, the request may be retried.
-NATS_ERRORS: tuple[type[Exception], ...] = (nats.errors.Error, nats.js.errors.Error, TimeoutError)
-
-
-def _as_error(exc: Exception, what: str) -> InferbusError:
-    if isinstance(exc, InferbusError):
-        return exc
-    log.error("%s failed", what, exc_info=exc)
-    return Internal(f"{what} failed: internal error (see registry logs)")
-
-
-async def _abort(context: grpc.aio.ServicerContext, err: InferbusError) -> None:
-    await context.abort(grpc.StatusCode[err.code.grpc_name], err.message)
 
 
 def version_info(record: VersionRecord, state: ModelState | None) -> registry_pb2.VersionInfo:
@@ -171,14 +154,13 @@ class RegistryService(ReleaseRPCs, registry_pb2_grpc.RegistryServicer):
         try:
             return await self._push(messages)
         except Exception as exc:
-            err = _as_error(exc, "PushVersion")
+            err = as_error(exc, "PushVersion")
         result = {InvalidArgument: "invalid", FailedPrecondition: "conflict"}.get(
             type(err), "error"
         )
         metrics.PUSHES.labels(result).inc()
         await self._drain(messages)
-        await _abort(context, err)
-        raise AssertionError("unreachable: context.abort raises")
+        await abort(context, err)
 
     async def _drain(self, messages: AsyncIterator[registry_pb2.PushChunk]) -> None:
         """Read and drop the rest of a refused push before answering.
@@ -204,26 +186,23 @@ class RegistryService(ReleaseRPCs, registry_pb2_grpc.RegistryServicer):
         self, request: registry_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> registry_pb2.ListModelsResponse:
         """Every model with its versions and aliases."""
-        try:
+
+        async def call() -> registry_pb2.ListModelsResponse:
             states = await self._repo.list_models()
             return registry_pb2.ListModelsResponse(models=[model_info(s) for s in states])
-        except Exception as exc:
-            err = _as_error(exc, "ListModels")
-        await _abort(context, err)
-        raise AssertionError("unreachable: context.abort raises")
+
+        return await answer(context, "ListModels", call)
 
     async def GetVersion(
         self, request: registry_pb2.GetVersionRequest, context: grpc.aio.ServicerContext
     ) -> registry_pb2.VersionInfo:
         """One version by number or alias (empty = ``stable``)."""
-        try:
+
+        async def call() -> registry_pb2.VersionInfo:
             record = await self._repo.get_version(request.model, request.version)
-            state = await self._repo.state(request.model)
-            return version_info(record, state)
-        except Exception as exc:
-            err = _as_error(exc, "GetVersion")
-        await _abort(context, err)
-        raise AssertionError("unreachable: context.abort raises")
+            return version_info(record, await self._repo.state(request.model))
+
+        return await answer(context, "GetVersion", call)
 
     async def SetAlias(
         self, request: registry_pb2.SetAliasRequest, context: grpc.aio.ServicerContext
@@ -231,6 +210,9 @@ class RegistryService(ReleaseRPCs, registry_pb2_grpc.RegistryServicer):
         """Point an alias at a version and move the route."""
         try:
             previous = (await self._repo.aliases(request.model)).get(request.alias, "")
+            if not request.force:
+                # Refuse a corrupt or foreign artifact before anything routes to it.
+                await self._repo.verify(request.model, request.version)
             state = await self._repo.set_alias(request.model, request.alias, request.version)
             await self._publish(None, state)
             await self._publisher.event(
@@ -240,6 +222,7 @@ class RegistryService(ReleaseRPCs, registry_pb2_grpc.RegistryServicer):
                 version=request.version,
                 previous=previous or None,
                 aliases=state.aliases,
+                **({"forced": True} if request.force else {}),
             )
             log.info(
                 "alias %s set",
@@ -248,9 +231,8 @@ class RegistryService(ReleaseRPCs, registry_pb2_grpc.RegistryServicer):
             )
             return model_info(state)
         except Exception as exc:
-            err = _as_error(exc, "SetAlias")
-        await _abort(context, err)
-        raise AssertionError("unreachable: context.abort raises")
+            err = as_error(exc, "SetAlias")
+        await abort(context, err)
 
     async def DownloadFile(
         self, request: registry_pb2.DownloadFileRequest, context: grpc.aio.ServicerContext
@@ -274,9 +256,9 @@ class RegistryService(ReleaseRPCs, registry_pb2_grpc.RegistryServicer):
             )
             return
         except Exception as exc:
-            err = _as_error(exc, "DownloadFile")
+            err = as_error(exc, "DownloadFile")
         metrics.DOWNLOADS.labels("not_found" if isinstance(err, NotFound) else "error").inc()
-        await _abort(context, err)
+        await abort(context, err)
 
     # --- lifecycle: archive, unarchive, delete, serving -------------------------
     async def _lifecycle(
@@ -295,9 +277,8 @@ class RegistryService(ReleaseRPCs, registry_pb2_grpc.RegistryServicer):
             log.info("%s", name, extra={"model": state.name, "version": event.get("version")})
             return model_info(state)
         except Exception as exc:
-            err = _as_error(exc, what)
-        await _abort(context, err)
-        raise AssertionError("unreachable: context.abort raises")
+            err = as_error(exc, what)
+        await abort(context, err)
 
     async def ArchiveVersion(
         self, request: registry_pb2.ArchiveVersionRequest, context: grpc.aio.ServicerContext
@@ -368,6 +349,8 @@ class RegistryService(ReleaseRPCs, registry_pb2_grpc.RegistryServicer):
         """Withdraw a model's route or publish it again (optionally moving stable)."""
 
         async def change() -> tuple[ModelState, dict[str, Any]]:
+            if request.serving and request.version:
+                await self._repo.verify(request.model, request.version)
             state = await self._repo.set_serving(
                 request.model, request.serving, request.version, request.requested_by
             )

@@ -39,6 +39,14 @@ class RegistrySettings(ServiceSettings):
     Workers that trust its public key refuse anything else."""
     signing_key_id: str = "registry"
     """Name of the signing key, recorded with each signature (for key rotation)."""
+    trusted_keys: list[str] = Field(default_factory=list)
+    """Public keys (``<key_id>=<base64>``, JSON list in the environment) whose signatures
+    the registry accepts when it checks a version before traffic moves to it, besides
+    its own signing key's (keys rotated out, another registry's)."""
+    promotion_timeout_s: float = Field(default=300.0, gt=0)
+    """How long the previous ``stable`` keeps serving while a newly promoted version
+    loads; past it (or as soon as a worker refuses the new version for good) the
+    promotion is abandoned and ``stable`` moves back (make-before-break)."""
     admin_token: SecretStr | None = None
     """Token required for every registry call (prefer `admin_token_file`); with
     neither token set the API is open (see docs/security.md)."""

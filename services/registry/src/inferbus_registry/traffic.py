@@ -149,6 +149,47 @@ def merge_catalog(base: Route, current: Route | None) -> Route:
     return clear_stale_traffic(base.model_copy(update=update))
 
 
+Ready = Callable[[str, str], bool]
+"""(model, version) → a live worker reports it ready."""
+
+
+def hold_stable(new: Route, current: Route | None, ready: Ready, now_unix_ms: int) -> Route:
+    """`new` (a catalog write) with ``stable`` held on the serving version when needed.
+
+    Held when the write moves ``stable`` away from `current`'s, the version
+    moved to is not ready anywhere, and the serving one is ready and still
+    routable. Otherwise any pending promotion is cleared.
+    """
+    target = new.stable
+    serving = current.stable if current is not None else ""
+    hold = (
+        current is not None
+        and target != serving
+        and serving in new.versions
+        and not ready(new.model, target)
+        and ready(new.model, serving)
+    )
+    if not hold:
+        if new.stable_pending or new.stable_pending_since_unix_ms:
+            return new.model_copy(update={"stable_pending": "", "stable_pending_since_unix_ms": 0})
+        return new
+    assert current is not None
+    since = (
+        current.stable_pending_since_unix_ms
+        if current.stable_pending == target and current.stable_pending_since_unix_ms
+        else now_unix_ms
+    )
+    return new.model_copy(
+        update={
+            "stable": serving,
+            "pool": current.pool,
+            "aliases": {**new.aliases, "stable": serving},
+            "stable_pending": target,
+            "stable_pending_since_unix_ms": since,
+        }
+    )
+
+
 async def read_route(kv: KeyValue, subjects: Subjects, model: str) -> tuple[Route | None, int]:
     """The model's route and its KV sequence; (None, 0) when it has none."""
     try:

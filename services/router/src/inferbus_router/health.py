@@ -1,32 +1,30 @@
-"""Health-aware canary weights, from the gateway's audit records.
-
-Every router instance subscribes to all audit records (``<prefix>.audit.>``,
-one JSON `AuditRecord` per answered request) and keeps, per model version, a
-sliding window of outcomes and latencies. Each evaluation compares a route's
-canary with its stable version; when the canary is far worse (error rate above
-stable's by more than a margin, or p99 latency above a multiple of stable's)
-and both have enough samples, the canary's *factor* is cut (down to a floor);
-when it is healthy again the factor climbs back step by step to 1.
-
-The router multiplies the route's configured canary weight by this factor. It
-never writes the route: the rollout controller (or an operator) owns the
-configured weight; this only scales what is sent while a canary misbehaves.
-All instances see the same records, so they converge on the same factor.
+"""Health-aware canary weights: a factor on each canary's configured weight, cut
+while the audit records show it worse than stable with confidence
+(`inferbus_common.versionhealth`, the rule rollouts use too), climbing back to
+1 otherwise. It never writes the route. See docs/architecture.md
+("Health-aware weights").
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prometheus_client import Gauge
 from pydantic import ValidationError
 
 from inferbus_common.audit import decode_record, split_records
 from inferbus_common.catalog import Route
+from inferbus_common.versionhealth import (
+    ALPHA,
+    OutcomeWindow,
+    Thresholds,
+    Verdict,
+    WindowStats,
+    compare,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +39,6 @@ HEALTH_FACTOR = Gauge(
     ["model", "version"],
 )
 
-NOT_THE_VERSIONS_FAULT = frozenset(
-    {"OK", "NOT_FOUND", "UNAUTHENTICATED", "PERMISSION_DENIED", "CANCELLED"}
-)
-"""Statuses that do not count against a version; every other one does.
-INVALID_ARGUMENT counts: the gateway validated the request against the
-model's config before routing it, so an engine that still rejects the inputs
-is the version's fault (and the judgement is relative to stable, which sees
-the same clients)."""
-
 
 @dataclass(frozen=True, slots=True)
 class HealthPolicy:
@@ -57,14 +46,18 @@ class HealthPolicy:
 
     Attributes:
         window_s: sliding window of records per version.
-        min_samples: fewer records than this (on either side) → no judgement.
-        max_error_rate_gap: unhealthy when canary error rate exceeds stable's by more.
+        min_samples: fewer counted canary records than this → no judgement.
+        max_error_rate_gap: unhealthy when canary error rate exceeds stable's by more
+            (with confidence, `versionhealth.errors_worse`).
         max_p99_ratio: unhealthy when canary p99 exceeds stable p99 times this ...
-        p99_slack_ms: ... plus this (so sub-millisecond noise never trips it).
+        p99_slack_ms: ... plus this (with confidence, `versionhealth.latency_worse`).
         floor: lowest factor; the canary keeps some traffic to show recovery.
         decrease: factor multiplier per unhealthy evaluation.
-        recover_step: factor added per healthy evaluation, up to 1.
+        recover_step: factor added per evaluation that does not find it unhealthy.
         max_samples: bound on records kept per version.
+        warmup_samples: first records of a version (per router) whose latency is not
+            counted.
+        alpha: level of the confidence test.
     """
 
     window_s: float = 30.0
@@ -76,34 +69,18 @@ class HealthPolicy:
     decrease: float = 0.5
     recover_step: float = 0.1
     max_samples: int = 20_000
+    warmup_samples: int = 10
+    alpha: float = ALPHA
 
-
-@dataclass(slots=True)
-class VersionWindow:
-    """Recent outcomes of one model version."""
-
-    samples: deque[tuple[float, bool, float]] = field(default_factory=deque)
-    """(monotonic arrival time, is_error, latency_ms), oldest first."""
-
-    def add(self, t: float, error: bool, latency_ms: float, max_samples: int) -> None:
-        """Record one outcome, dropping the oldest beyond `max_samples`."""
-        self.samples.append((t, error, latency_ms))
-        if len(self.samples) > max_samples:
-            self.samples.popleft()
-
-    def prune(self, cutoff: float) -> None:
-        """Forget outcomes older than `cutoff` (monotonic seconds)."""
-        while self.samples and self.samples[0][0] < cutoff:
-            self.samples.popleft()
-
-    def stats(self) -> tuple[int, float, float]:
-        """(count, error rate, p99 latency in ms of all outcomes) of the window."""
-        n = len(self.samples)
-        if n == 0:
-            return 0, 0.0, 0.0
-        errors = sum(1 for _, e, _ in self.samples if e)
-        lat = sorted(x for _, _, x in self.samples)
-        return n, errors / n, lat[min(n - 1, int(0.99 * n))]
+    def thresholds(self) -> Thresholds:
+        """The comparison's thresholds."""
+        return Thresholds(
+            min_samples=self.min_samples,
+            error_margin=self.max_error_rate_gap,
+            max_p99_ratio=self.max_p99_ratio,
+            p99_slack_ms=self.p99_slack_ms,
+            alpha=self.alpha,
+        )
 
 
 class HealthWeights:
@@ -116,8 +93,9 @@ class HealthWeights:
 
     def __init__(self, policy: HealthPolicy, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
+        self._thresholds = policy.thresholds()
         self._clock = clock
-        self._windows: dict[tuple[str, str], VersionWindow] = {}
+        self._windows: dict[tuple[str, str], OutcomeWindow] = {}
         self._factors: dict[tuple[str, str], float] = {}
         self._published: dict[tuple[str, str], float] = {}
         self._factors_exported: set[tuple[str, str]] = set()
@@ -132,15 +110,20 @@ class HealthWeights:
                 continue
             if not rec.version:
                 continue
-            error = rec.status not in NOT_THE_VERSIONS_FAULT
-            self.record(rec.model, rec.version, error, rec.latency_ms)
+            self.record_status(rec.model, rec.version, rec.status, rec.latency_ms)
 
-    def record(self, model: str, version: str, error: bool, latency_ms: float) -> None:
-        """Record one outcome of (`model`, `version`)."""
+    def record_status(self, model: str, version: str, status: str, latency_ms: float) -> None:
+        """Record one answered request of (`model`, `version`) by its audit status."""
         window = self._windows.get((model, version))
         if window is None:
-            window = self._windows[(model, version)] = VersionWindow()
-        window.add(self._clock(), error, latency_ms, self.policy.max_samples)
+            p = self.policy
+            window = OutcomeWindow(max_samples=p.max_samples, warmup=p.warmup_samples)
+            self._windows[(model, version)] = window
+        window.add(self._clock(), status, latency_ms)
+
+    def record(self, model: str, version: str, error: bool, latency_ms: float) -> None:
+        """Record one outcome of (`model`, `version`): a fault or a success."""
+        self.record_status(model, version, "INTERNAL" if error else "OK", latency_ms)
 
     def factor(self, model: str, version: str) -> float:
         """Current factor (floor..1) of a canary's configured weight."""
@@ -152,26 +135,30 @@ class HealthWeights:
             return 0.0
         return route.canary_weight * self.factor(route.model, route.canary)
 
-    def stats(self, model: str, version: str) -> tuple[int, float, float]:
-        """(count, error rate, p99 ms) of a version's current window."""
+    def window_stats(self, model: str, version: str) -> WindowStats:
+        """A version's current window."""
         window = self._windows.get((model, version))
         if window is None:
-            return 0, 0.0, 0.0
+            return WindowStats()
         window.prune(self._clock() - self.policy.window_s)
         return window.stats()
 
+    def stats(self, model: str, version: str) -> tuple[int, float, float]:
+        """(count, error rate, p99 ms of successes) of a version's current window."""
+        w = self.window_stats(model, version)
+        return w.requests, w.error_rate, w.p99_ms
+
+    def verdict(self, model: str, canary: str, stable: str) -> Verdict:
+        """The canary against stable over the current windows."""
+        return compare(
+            self.window_stats(model, canary), self.window_stats(model, stable), self._thresholds
+        )
+
     def unhealthy_reason(self, model: str, canary: str, stable: str) -> str | None:
-        """Why the canary is far worse than stable, None when it is not (or unknown)."""
-        p = self.policy
-        nc, err_c, p99_c = self.stats(model, canary)
-        ns, err_s, p99_s = self.stats(model, stable)
-        if nc < p.min_samples or ns < p.min_samples:
-            return None
-        if err_c - err_s > p.max_error_rate_gap:
-            return f"error rate {err_c:.1%} vs stable {err_s:.1%}"
-        if p99_c > p99_s * p.max_p99_ratio + p.p99_slack_ms:
-            return f"p99 {p99_c:.1f} ms vs stable {p99_s:.1f} ms"
-        return None
+        """Why the canary is worse than stable with confidence, None when it is not (or
+        there is too little evidence to say)."""
+        v = self.verdict(model, canary, stable)
+        return v.reason if v.worse else None
 
     def evaluate(self, routes: dict[str, Route]) -> None:
         """Move each canary's factor one step, forget windows of gone versions,
@@ -188,20 +175,24 @@ class HealthWeights:
             live.add(key)
             canaries.add(key)
             old = self._factors.get(key, 1.0)
-            reason = self.unhealthy_reason(route.model, route.canary, route.stable)
-            if reason is not None:
+            verdict = self.verdict(route.model, route.canary, route.stable)
+            if verdict.worse:
                 new = max(p.floor, old * p.decrease)
             else:
+                # Judged healthy, or too little traffic to judge: a cut canary climbs
+                # back towards its configured weight (cuts need evidence, recovery not).
                 new = min(1.0, old + p.recover_step)
+            new = 1.0 if new > 1.0 - 1e-9 else round(new, 6)
             if new != old:
-                log.warning(
+                log.log(
+                    logging.WARNING if verdict.worse else logging.INFO,
                     "canary weight factor %s → %s",
                     f"{old:.2f}",
                     f"{new:.2f}",
                     extra={
                         "model": route.model,
                         "version": route.canary,
-                        "reason": reason or "recovered",
+                        "reason": verdict.reason if verdict.worse else "recovered",
                         "configured_weight": route.canary_weight,
                         "effective_weight": round(route.canary_weight * new, 3),
                     },

@@ -33,6 +33,7 @@ from inferbus_common.bundles import (
     encode_request_bundle,
     is_request_bundle,
 )
+from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import Catalog, Route
 from inferbus_common.errors import (
     InferbusError,
@@ -230,8 +231,8 @@ class Router:
         route = self._catalog.routes.get(model)
         try:
             weight = None
-            if route is not None and self._health is not None:
-                weight = self._health.effective_weight(route)
+            if route is not None and route.canary:
+                weight = self._canary_weight(route)
             decision = decide(route, model, headers, canary_weight=weight, draw=self._draw)
         except InferbusError as exc:
             code, _ = status_of(exc)
@@ -249,7 +250,12 @@ class Router:
         out.pop(h.MIRROR, None)
         pair = None
         # Streams are not compared: shadowing covers one-reply requests only.
-        if self._shadow is not None and not generate and wants_shadow(route, decision, self._draw):
+        if (
+            self._shadow is not None
+            and not generate
+            and wants_shadow(route, decision, self._draw)
+            and self._catalog.is_ready(model, route.shadow)
+        ):
             pair = self._shadow.begin(model, version, route.shadow, request_id)
             if pair is not None:
                 out[h.MIRROR] = pair[0]
@@ -285,8 +291,14 @@ class Router:
         model = bundle.model
         route = self._catalog.routes.get(model)
         weight = None
-        if route is not None and self._health is not None:
-            weight = self._health.effective_weight(route)
+        if route is not None and route.canary:
+            weight = self._canary_weight(route)
+        shadow_ready = (
+            route is not None
+            and self._shadow is not None
+            and bool(route.shadow)
+            and self._catalog.is_ready(model, route.shadow)
+        )
         by_version: dict[str, list[BundledRequest]] = {}
         shadows: list[BundledRequest] = []
         shadow_inbox = ""
@@ -319,7 +331,8 @@ class Router:
                     tracing.end_span(span)
             r.pin = ""
             r.mirror, r.mirror_token = "", 0
-            if self._shadow is not None and wants_shadow(route, decision, self._draw):
+            if shadow_ready and wants_shadow(route, decision, self._draw):
+                assert self._shadow is not None
                 pair = self._shadow.begin_bundled(model, version, route.shadow, r.request_id)
                 if pair is not None:
                     r.mirror, shadow_inbox, r.mirror_token = pair
@@ -371,9 +384,9 @@ class Router:
 
     async def _on_no_bundle_responders(self, msg: Msg) -> None:
         """No batcher took a forwarded bundle: answer its requests UNAVAILABLE now."""
-        headers = msg.headers or {}
-        if msg.data or headers.get("Status") != "503":
+        if not is_no_responders(msg):
             return
+        headers = msg.headers or {}
         tokens, _, inbox = msg.subject[len(self._nr_bundle_inbox) + 1 :].partition(".")
         try:
             targets = [ReplyTarget(inbox, int(t)) for t in tokens.split("_")]
@@ -388,6 +401,19 @@ class Router:
             "safe to retry",
         )
 
+    def _canary_weight(self, route: Route) -> float:
+        """The canary percent for this request: the health-scaled weight, or 0 while no
+        live worker reports the canary ready (a version that is loading, or that its
+        workers refuse, takes no traffic: its requests would only fail)."""
+        weight = (
+            self._health.effective_weight(route)
+            if self._health is not None
+            else route.canary_weight
+        )
+        if weight > 0 and not self._catalog.is_ready(route.model, route.canary):
+            return 0.0
+        return weight
+
     async def _on_no_responders(self, msg: Msg) -> None:
         """No batcher took a forwarded request: tell the client now, not at its deadline.
 
@@ -395,9 +421,9 @@ class Router:
         the client's reply subject is in the subject of nats-server's 503; no
         state is kept per request. Nothing was computed: UNAVAILABLE, safe to retry.
         """
-        headers = msg.headers or {}
-        if msg.data or headers.get("Status") != "503":
+        if not is_no_responders(msg):
             return
+        headers = msg.headers or {}
         reply = msg.subject[len(self._nr_inbox) + 1 :]
         where = headers.get("Nats-Subject", "the version's subject")
         await send_error(
@@ -412,8 +438,7 @@ class Router:
     async def _on_no_gen_responders(self, msg: Msg) -> None:
         """No LLM worker took a generative request: 429 if the version's workers are
         all full, 503 if none serves it. Nothing was generated either way."""
-        headers = msg.headers or {}
-        if msg.data or headers.get("Status") != "503":
+        if not is_no_responders(msg):
             return
         rest = msg.subject[len(self._nr_gen_inbox) + 1 :]
         model_token, version_token, reply = rest.split(".", 2)

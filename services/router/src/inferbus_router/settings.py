@@ -32,7 +32,8 @@ class RouterSettings(ServiceSettings):
     health_window_s: float = Field(default=30.0, gt=0)
     """Sliding window of audit records per version."""
     health_min_samples: int = Field(default=30, ge=1)
-    """Records needed on both canary and stable before judging."""
+    """Records needed on the canary before judging (and on stable before its error rate
+    and p99 are the baseline)."""
     health_max_error_rate_gap: float = Field(default=0.05, ge=0, le=1)
     """Unhealthy when the canary's error rate exceeds stable's by more than this."""
     health_max_p99_ratio: float = Field(default=2.0, ge=1)
@@ -45,6 +46,13 @@ class RouterSettings(ServiceSettings):
     """Factor multiplier per unhealthy evaluation."""
     health_recover_step: float = Field(default=0.1, gt=0, le=1)
     """Factor added back per healthy evaluation (up to 1)."""
+    health_warmup_samples: int = Field(default=10, ge=0)
+    """First records of each version a router sees whose latency is not counted (a
+    freshly loaded version's first requests are not its steady speed; their errors
+    still count)."""
+    health_alpha: float = Field(default=0.01, gt=0, lt=0.5)
+    """Level of the confidence test before a canary is called worse (lower: more
+    evidence needed)."""
 
     def health_policy(self) -> HealthPolicy:
         """The health thresholds as the router uses them."""
@@ -57,4 +65,6 @@ class RouterSettings(ServiceSettings):
             floor=self.health_floor,
             decrease=self.health_decrease,
             recover_step=self.health_recover_step,
+            warmup_samples=self.health_warmup_samples,
+            alpha=self.health_alpha,
         )

@@ -106,14 +106,16 @@ class GetVersionRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class SetAliasRequest(_message.Message):
-    __slots__ = ("model", "alias", "version")
+    __slots__ = ("model", "alias", "version", "force")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ALIAS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     model: str
     alias: str
     version: str
-    def __init__(self, model: _Optional[str] = ..., alias: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, model: _Optional[str] = ..., alias: _Optional[str] = ..., version: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class DownloadFileRequest(_message.Message):
     __slots__ = ("model", "version", "path")
@@ -176,7 +178,7 @@ class RouteState(_message.Message):
     def __init__(self, route_json: _Optional[bytes] = ..., kv_revision: _Optional[int] = ..., history_json: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class SetTrafficRequest(_message.Message):
-    __slots__ = ("model", "canary", "canary_weight", "shadow", "shadow_rate", "sticky", "pool", "expected_kv_revision", "updated_by", "change")
+    __slots__ = ("model", "canary", "canary_weight", "shadow", "shadow_rate", "sticky", "pool", "expected_kv_revision", "updated_by", "change", "force")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CANARY_FIELD_NUMBER: _ClassVar[int]
     CANARY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +189,7 @@ class SetTrafficRequest(_message.Message):
     EXPECTED_KV_REVISION_FIELD_NUMBER: _ClassVar[int]
     UPDATED_BY_FIELD_NUMBER: _ClassVar[int]
     CHANGE_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     model: str
     canary: str
     canary_weight: float
@@ -197,7 +200,8 @@ class SetTrafficRequest(_message.Message):
     expected_kv_revision: int
     updated_by: str
     change: str
-    def __init__(self, model: _Optional[str] = ..., canary: _Optional[str] = ..., canary_weight: _Optional[float] = ..., shadow: _Optional[str] = ..., shadow_rate: _Optional[float] = ..., sticky: _Optional[str] = ..., pool: _Optional[str] = ..., expected_kv_revision: _Optional[int] = ..., updated_by: _Optional[str] = ..., change: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, model: _Optional[str] = ..., canary: _Optional[str] = ..., canary_weight: _Optional[float] = ..., shadow: _Optional[str] = ..., shadow_rate: _Optional[float] = ..., sticky: _Optional[str] = ..., pool: _Optional[str] = ..., expected_kv_revision: _Optional[int] = ..., updated_by: _Optional[str] = ..., change: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class StartRolloutRequest(_message.Message):
     __slots__ = ("model", "version", "steps", "interval_s", "max_error_rate", "max_p99_ratio", "min_requests", "on_fail", "requested_by", "ready_timeout_s")

@@ -21,8 +21,9 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 
-from inferbus_gateway.admission._redis import AdmissionKeys, connect_redis
-from inferbus_gateway.admission.auth import Authenticator, JwtVerifier, KeyStore, Principal
+from inferbus_common.admission.apikeys import KeyStore
+from inferbus_common.admission.keys import AdmissionKeys, connect_redis
+from inferbus_gateway.admission.auth import Authenticator, JwtVerifier, Principal
 from inferbus_gateway.admission.breaker import BreakerBoard
 from inferbus_gateway.admission.quota import QuotaKeeper
 from inferbus_gateway.admission.ratelimit import RateLimiter

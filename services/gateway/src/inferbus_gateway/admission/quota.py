@@ -30,12 +30,12 @@ from typing import Literal
 import redis.asyncio as aioredis
 from prometheus_client import Counter, Gauge
 
-from inferbus_common.errors import ResourceExhausted, Unavailable
-from inferbus_gateway.admission._redis import (
+from inferbus_common.admission.keys import (
     REDIS_DOWN_ERRORS,
     AdmissionKeys,
     reraise_if_cancelling,
 )
+from inferbus_common.errors import ResourceExhausted, Unavailable
 
 log = logging.getLogger(__name__)
 

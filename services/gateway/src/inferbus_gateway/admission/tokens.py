@@ -1,29 +1,7 @@
-"""Tokens-per-minute limits per tenant for generative requests, kept in Redis.
-
-A generative request costs what it reads and writes, not one unit: a tenant's
-limit is in tokens per minute (TPM). Each tenant has one token bucket in Redis
-(``{<prefix>:tpm}:<tenant>``) refilled at ``tpm / 60`` per second up to
-``burst`` (default: one minute's worth), updated by one Lua script that reads
-the clock with Redis ``TIME``, so every gateway shares it.
-
-**Estimate, then settle.** The gateway cannot count tokens before the worker
-has applied the model's tokenizer, so admission charges an *estimate* up front
-(`estimate_prompt_tokens`: about 4 characters per token) and refuses the request
-(429, reason ``tenant-tpm``, with ``Retry-After``) when the bucket does not
-hold it. When the request ends, the real ``prompt_tokens + completion_tokens``
-from the worker's final chunk are *settled*: the difference is charged (or
-refunded) without a check, so the bucket may go into debt, and the tenant's
-next requests wait until it is paid back. A request cancelled mid-stream is
-settled with the tokens it had streamed. Long completions thus count in full,
-but never stop a stream that was admitted.
-
-Limits live in the hash ``<prefix>:tpm``: field = tenant (or ``*`` for every
-tenant without its own), value = JSON ``{"tpm": 10000, "burst": 20000}``
-(``burst`` optional) or a bare number. No field: no TPM limit.
-
-Redis down: fail-open (the request is admitted; one warning per outage),
-because the request-rate limiter (`ratelimit`) already applies its own failure
-mode to the same request.
+"""Tokens-per-minute limits per tenant for generative requests: one Redis token
+bucket per tenant, charged an estimate up front and settled with the worker's
+real token counts when the request ends. See docs/architecture.md ("Tokens per
+minute").
 """
 
 from __future__ import annotations
@@ -36,8 +14,8 @@ from collections.abc import Mapping
 import redis.asyncio as aioredis
 from prometheus_client import Counter
 
+from inferbus_common.admission.keys import REDIS_DOWN_ERRORS, reraise_if_cancelling
 from inferbus_common.errors import ResourceExhausted
-from inferbus_gateway.admission._redis import REDIS_DOWN_ERRORS, reraise_if_cancelling
 
 log = logging.getLogger(__name__)
 

@@ -85,11 +85,11 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
                     f"contents field must not be specified when using raw_input_contents for "
                     f"'{t.name}' for model '{req.model_name}'"
                 )
-    if raw and len(raw) != len(req.inputs):
-        raise InvalidArgument(
-            f"raw_input_contents has {len(raw)} entries but the request has "
-            f"{len(req.inputs)} inputs"
-        )
+        if len(raw) != len(req.inputs):
+            raise InvalidArgument(
+                f"raw_input_contents has {len(raw)} entries but the request has "
+                f"{len(req.inputs)} inputs"
+            )
     tensors = []
     shm_inputs = {}
     for i, t in enumerate(req.inputs):
@@ -98,8 +98,8 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
                 f"input '{t.name}': unknown datatype {t.datatype!r}; expected one of "
                 f"{sorted(ALL_DATATYPES)}"
             )
-        shape = tuple(int(d) for d in t.shape)
-        if any(d < 0 for d in shape):
+        shape = tuple(t.shape)  # int64 already
+        if shape and min(shape) < 0:
             raise InvalidArgument(f"input '{t.name}': shape {list(shape)} has a negative dimension")
         ref = shm_ref(parameter_values(t.parameters), f"input '{t.name}'") if t.parameters else None
         if ref is not None:
@@ -116,7 +116,7 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
         tensors.append(Tensor(t.name, t.datatype, shape, data))
     priority = 0
     timeout_override = timeout_s
-    for key, value in req.parameters.items():
+    for key, value in req.parameters.items() if req.parameters else ():
         if key not in ("priority", "timeout"):
             continue
         v = _param_value(value)

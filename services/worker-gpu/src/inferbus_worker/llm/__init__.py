@@ -6,9 +6,10 @@ and vLLM never enter the uv workspace. Modules:
 
 * `settings` — `LlmWorkerSettings` (env prefix ``INFERBUS_LLM_``);
 * `engine` — `LlmEngine`, the one place that imports vLLM (lazily);
-* `service` — `LlmWorker`: follows the catalog, loads versions whose engine is
-  ``vllm``, serves ``ib.gen.<model>.<version>`` with bounded admission, streams
-  chunks, aborts on cancel, heartbeats, restarts an engine that died;
+* `worker` — `LlmWorker`: a `VersionHost` (catalog, artifact checks,
+  heartbeat, unload grace) for versions whose engine is ``vllm``;
+* `versionserver` — `VersionServer`: one version's bounded intake on
+  ``ib.gen.<model>.<version>``, streamed chunks, cancel, engine recovery;
 * `metrics` — TTFT, inter-token latency, tokens, queue time, sequences, KV cache,
   engine restarts.
 """

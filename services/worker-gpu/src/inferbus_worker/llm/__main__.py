@@ -15,8 +15,8 @@ import sys
 
 from inferbus_common.lifecycle import run, stop_event_on_signals
 from inferbus_common.logs import setup_logging
-from inferbus_worker.llm.service import LlmWorker
 from inferbus_worker.llm.settings import LlmWorkerSettings
+from inferbus_worker.llm.worker import LlmWorker
 
 log = logging.getLogger("inferbus_worker.llm")
 

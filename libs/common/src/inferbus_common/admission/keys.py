@@ -1,4 +1,4 @@
-"""Redis connection and key names shared by the admission modules.
+"""Redis key names of the admission data and the client that reaches them.
 
 Admission control sits on the request path, so its Redis client must fail
 fast: a short socket timeout and no client-side retries (redis-py retries

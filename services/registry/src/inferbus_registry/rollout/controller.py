@@ -1,67 +1,42 @@
-"""Progressive rollouts: a canary's weight moves step by step, judged by the audit trail.
-
-State machine (one record per model in the ``<prefix>_rollouts`` KV bucket;
-a new rollout gets a new id and replaces a finished record)::
-
-    running ──step passes──▶ running (next weight) ──last step (100) passes──▶ succeeded
-       │  ▲                                                                      │
-    pause resume                                                              rollback
-       ▼  │                                                                      ▼
-    paused ──abort──▶ aborted            running|paused ──fail / rollback──▶ rolled_back
-
-A rollout starts by warming the canary up: the route names it as canary at
-weight 0 (workers load every version the route names) and step 1 begins only
-once a live worker reports it ready (``ready_timeout_s``, else it fails), so a
-canary is never judged on requests it got while loading.
-
-At each step the controller compares the canary with the stable version over
-the step's window (the audit records the gateways publish on
-``<prefix>.audit.<model>``, one per answered request): error rate (server-side
-statuses only), p99 latency against stable's p99. A failing canary is rolled
-back at once (or paused, ``on_fail=pause``); a healthy one advances when the
-interval has passed and it has served at least ``min_requests``; after the
-last step (100 %) the version becomes ``stable`` and the canary is cleared.
-
-Crash safety: the record is written first (compare-and-set on its KV
-sequence), then its effect on the route; `reconcile` re-applies the effect of
-the current record on every tick (a no-op when the route already agrees), so
-a registry that dies between the two writes finishes the job after a
-restart, and several registry replicas can run controllers side by side:
-the CAS lets exactly one of them make each transition.
+"""The rollout controller: one per registry process, it moves each model's rollout
+through its states (records in KV, compare-and-set), judges steps on the audit
+evidence and makes the route agree. See docs/architecture.md ("Rollout state
+machine").
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import itertools
-import json
 import logging
-import math
 import secrets
 import time
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Literal
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.kv import KeyValue
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
-from inferbus_common.audit import split_records
-from inferbus_common.catalog import InitialValues, Route, WorkerStatus, ensure_kv
+from inferbus_common.catalog import InitialValues, Route, WorkerStatus, ensure_kv, summarize_states
 from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from inferbus_common.subjects import Subjects
+from inferbus_common.versionhealth import WindowStats
 from inferbus_registry import metrics
 from inferbus_registry.pools import HEARTBEAT_MAX_AGE_S, PoolBook, read_bucket
 from inferbus_registry.publisher import CatalogPublisher
 from inferbus_registry.repository import ModelRepository
+from inferbus_registry.rollout.evidence import AuditEvidence
+from inferbus_registry.rollout.records import (
+    Rollout,
+    StepRecord,
+    StepStats,
+    check_plan,
+    close_step,
+    evaluate,
+    transition,
+)
 from inferbus_registry.traffic import (
     ensure_route_history,
     merge_catalog,
@@ -71,250 +46,6 @@ from inferbus_registry.traffic import (
 )
 
 log = logging.getLogger(__name__)
-
-RolloutStateName = Literal["running", "paused", "succeeded", "rolled_back", "aborted"]
-ACTIVE: frozenset[str] = frozenset({"running", "paused"})
-#: Most audit records read back from the stream per rollout after a restart.
-REPLAY_MAX_RECORDS = 200_000
-
-#: Audit statuses that count against a version (the others are the client's doing).
-SERVER_ERRORS: frozenset[str] = frozenset(
-    {
-        "INTERNAL",
-        "UNAVAILABLE",
-        "DEADLINE_EXCEEDED",
-        "RESOURCE_EXHAUSTED",
-        "UNKNOWN",
-        "DATA_LOSS",
-        "DEGRADED",
-    }
-)
-"""As the router's health-aware weights count them. A record names a version only
-once the request reached it, so admission refusals (quota, cluster QPS) carry
-version '' and are ignored; RESOURCE_EXHAUSTED with a version is that version's
-queue overflowing."""
-#: Audit statuses that are neither a success nor the version's fault.
-CLIENT_STATUSES: frozenset[str] = frozenset(
-    {
-        "INVALID_ARGUMENT",
-        "NOT_FOUND",
-        "UNAUTHENTICATED",
-        "PERMISSION_DENIED",
-        "FAILED_PRECONDITION",
-        "CANCELLED",
-    }
-)
-
-
-class WindowStats(BaseModel):
-    """What one version did during a step's window."""
-
-    requests: int = 0
-    """Requests it answered or failed (client errors excluded)."""
-    errors: int = 0
-    p99_ms: float = 0.0
-    """p99 latency of its successful requests (0 = none)."""
-
-    @property
-    def error_rate(self) -> float:
-        """errors / requests (0 without requests)."""
-        return self.errors / self.requests if self.requests else 0.0
-
-
-class StepRecord(BaseModel):
-    """The audit of one step: weight, window, verdict."""
-
-    step: int
-    weight: float
-    started_unix_ms: int
-    ended_unix_ms: int = 0
-    outcome: str = "running"
-    """running | passed | failed | paused | aborted | rolled_back."""
-    reason: str = ""
-    canary: WindowStats = Field(default_factory=WindowStats)
-    stable: WindowStats = Field(default_factory=WindowStats)
-
-
-class Rollout(BaseModel):
-    """One progressive rollout of one model (the rollouts bucket's record)."""
-
-    id: str
-    model: str
-    version: str
-    """The canary being rolled out."""
-    previous_stable: str
-    """Stable when the rollout started (restored by a rollback after success)."""
-    steps: list[float]
-    interval_s: float
-    max_error_rate: float = 0.01
-    max_p99_ratio: float = 1.5
-    """0 turns the latency check off."""
-    p99_slack_ms: float = 5.0
-    """Absolute slack on the latency check, so a 1 ms vs 2 ms p99 is not a failure."""
-    min_requests: int = 20
-    on_fail: Literal["rollback", "pause"] = "rollback"
-    state: RolloutStateName = "running"
-    step: int = 0
-    """Index into `steps` of the current step."""
-    step_started_unix_ms: int = 0
-    reason: str = ""
-    """Why it is in its state (failure, operator action, success)."""
-    started_by: str = ""
-    created_unix_ms: int = 0
-    updated_unix_ms: int = 0
-    stable_p99_ms: float = 0.0
-    """Baseline: stable's p99 from the last window where it served enough requests."""
-    restored_stable: str = ""
-    """Set by a rollback after success: the stable version to move back to."""
-    ready_timeout_s: float = 120.0
-    """How long the canary may take to be loaded before the rollout fails."""
-    ready_unix_ms: int = 0
-    """When a worker first reported the canary ready (0: still warming up: the
-    route names it as canary at weight 0 so workers load it, and no step runs)."""
-    applied: bool = False
-    """An ended rollout whose effect on the route and aliases is done; a registry
-    that restarts re-applies only ended rollouts without it (never overriding
-    what operators changed later)."""
-    history: list[StepRecord] = Field(default_factory=list)
-
-    @property
-    def weight(self) -> float:
-        """Canary weight of the current step."""
-        return self.steps[min(self.step, len(self.steps) - 1)]
-
-    @property
-    def active(self) -> bool:
-        """Running or paused."""
-        return self.state in ACTIVE
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The verdict of one evaluation."""
-
-    action: Literal["wait", "advance", "fail"]
-    reason: str
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (`q` in 0-100) of `values`; 0 when empty."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def evaluate(
-    rollout: Rollout, canary: WindowStats, stable: WindowStats, now_unix_ms: int
-) -> Decision:
-    """Continue, wait or fail the current step of `rollout`.
-
-    * Failing fast: once the canary has `min_requests`, an error rate above
-      ``max_error_rate`` (plus stable's own error rate, when stable has
-      enough requests: a canary is not blamed for what both versions suffer)
-      fails the step at once, without waiting for the interval.
-    * At the end of the interval, with `min_requests` canary requests: a p99
-      above ``max_p99_ratio`` × stable's p99 (+ ``p99_slack_ms``) fails;
-      otherwise the step passes. Stable's p99 comes from this window or, when
-      stable served too little (e.g. at 100 %), the last baseline.
-    * Without enough canary requests the step waits: a rollout never
-      advances without evidence.
-    """
-    need = rollout.min_requests
-    allowed = rollout.max_error_rate
-    if stable.requests >= need:
-        allowed += stable.error_rate
-    if canary.requests >= need and canary.error_rate > allowed:
-        return Decision(
-            "fail",
-            f"canary error rate {canary.error_rate:.3f} ({canary.errors}/{canary.requests}) "
-            f"> allowed {allowed:.3f} at step {rollout.step + 1} ({rollout.weight:g}%)",
-        )
-    elapsed_s = (now_unix_ms - rollout.step_started_unix_ms) / 1000.0
-    if elapsed_s < rollout.interval_s:
-        return Decision("wait", f"step window open ({elapsed_s:.1f}/{rollout.interval_s:g}s)")
-    if canary.requests < need:
-        return Decision(
-            "wait", f"waiting for {need} canary requests (have {canary.requests}) to judge"
-        )
-    baseline = stable.p99_ms if stable.requests >= need else rollout.stable_p99_ms
-    if rollout.max_p99_ratio > 0 and baseline > 0 and canary.p99_ms > 0:
-        limit = rollout.max_p99_ratio * baseline + rollout.p99_slack_ms
-        if canary.p99_ms > limit:
-            return Decision(
-                "fail",
-                f"canary p99 {canary.p99_ms:.1f} ms > {rollout.max_p99_ratio:g} x stable p99 "
-                f"{baseline:.1f} ms + {rollout.p99_slack_ms:g} ms at step {rollout.step + 1} "
-                f"({rollout.weight:g}%)",
-            )
-    return Decision(
-        "advance",
-        f"healthy: {canary.requests} requests, error rate {canary.error_rate:.3f}, "
-        f"p99 {canary.p99_ms:.1f} ms (stable {baseline:.1f} ms)",
-    )
-
-
-def check_plan(
-    steps: list[float],
-    interval_s: float,
-    max_error_rate: float,
-    max_p99_ratio: float,
-    min_requests: int,
-    on_fail: str,
-) -> None:
-    """Refuse a rollout plan that cannot work.
-
-    Raises:
-        InvalidArgument: with what to fix.
-    """
-    if not steps:
-        raise InvalidArgument("a rollout needs steps, e.g. --steps 5,25,50,100")
-    if any(not 0 < w <= 100 for w in steps):
-        raise InvalidArgument(f"steps {steps}: every weight must be within (0, 100]")
-    if any(b <= a for a, b in itertools.pairwise(steps)):
-        raise InvalidArgument(f"steps {steps} must be strictly ascending")
-    if steps[-1] != 100:
-        raise InvalidArgument(f"steps {steps} must end at 100 (the canary then becomes stable)")
-    if not interval_s > 0:
-        raise InvalidArgument("the step interval must be positive (e.g. --interval 60s)")
-    if not 0 <= max_error_rate <= 1:
-        raise InvalidArgument("--max-error-rate must be within 0-1")
-    if max_p99_ratio != 0 and max_p99_ratio < 1:
-        raise InvalidArgument("--max-p99-ratio must be 0 (off) or at least 1")
-    if min_requests < 1:
-        raise InvalidArgument("--min-requests must be at least 1")
-    if on_fail not in ("rollback", "pause"):
-        raise InvalidArgument("--on-fail must be 'rollback' or 'pause'")
-
-
-class _Window:
-    """Audit samples of one model version: (ts_unix_ms, error?, latency_ms)."""
-
-    __slots__ = ("samples",)
-
-    def __init__(self) -> None:
-        self.samples: collections.deque[tuple[int, bool, float]] = collections.deque(maxlen=200_000)
-
-    def stats(self, since_unix_ms: int) -> WindowStats:
-        errors = 0
-        latencies: list[float] = []
-        for ts, failed, latency in self.samples:
-            if ts < since_unix_ms:
-                continue
-            if failed:
-                errors += 1
-            else:
-                latencies.append(latency)
-        return WindowStats(
-            requests=errors + len(latencies),
-            errors=errors,
-            p99_ms=round(percentile(latencies, 99.0), 3),
-        )
-
-    def prune(self, before_unix_ms: int) -> None:
-        while self.samples and self.samples[0][0] < before_unix_ms:
-            self.samples.popleft()
 
 
 class RolloutController:
@@ -351,16 +82,12 @@ class RolloutController:
         self._instance = instance
         self._kv: KeyValue | None = None
         self._records: dict[str, tuple[Rollout, int]] = {}
-        self._windows: dict[tuple[str, str], _Window] = {}
+        self._evidence = AuditEvidence(nc, subjects)
         self._sub: Subscription | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         self._loaded = asyncio.Event()
-        self._active_tokens: set[str] = set()
-        """Subject tokens of the models with an active rollout (audit filter)."""
-        self.audit_records_seen = 0
-        """Audit records received (tests probe a fresh subscription with it)."""
 
     # --- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
@@ -369,7 +96,9 @@ class RolloutController:
         await self._publisher.routes_kv()  # the bucket exists before its history is widened
         await ensure_route_history(self._nc.jetstream(), self._subjects)
         # Records only (one token per model): payload captures are not evidence.
-        self._sub = await self._nc.subscribe(self._subjects.audit_records_all, cb=self._on_audit)
+        self._sub = await self._nc.subscribe(
+            self._subjects.audit_records_all, cb=self._evidence.on_audit
+        )
         live_since = now_ms()
         watcher, initial = await InitialValues.watch(self._kv)
         self._tasks.append(
@@ -436,116 +165,19 @@ class RolloutController:
                 async with asyncio.timeout(self._tick_s):
                     await self._wake.wait()
 
-    # --- audit -----------------------------------------------------------------
-    async def _on_audit(self, msg: Msg) -> None:
-        # A message carries one record per line (the gateway batches them).
-        self.audit_records_seen += 1 + msg.data.count(b"\n")
-        # Cheap filter first: most records are of models without an active rollout.
-        if msg.subject.rsplit(".", 1)[-1] not in self._active_tokens:
-            return
-        self._add_samples(msg.data)
-
-    def _add_samples(self, data: bytes, *, before_unix_ms: int = 0) -> int:
-        """Keep the outcomes of one audit message's records (one per line) that are
-        evidence for an active rollout; how many were kept."""
-        kept = 0
-        for line in split_records(data):
-            kept += self._add_sample(line, before_unix_ms=before_unix_ms)
-        return kept
-
-    def _add_sample(self, data: bytes, *, before_unix_ms: int = 0) -> int:
-        """Keep one audit record's outcome if it is evidence for an active rollout (1 if kept).
-
-        `before_unix_ms` (replay): only records stamped earlier, the live
-        subscription has the rest.
-        """
-        try:
-            rec = json.loads(data)
-            model, version = str(rec["model"]), str(rec.get("version") or "")
-            status = str(rec["status"])
-            ts = int(rec["ts_unix_ms"])
-            latency = float(rec.get("latency_ms") or 0.0)
-        except (ValueError, KeyError, TypeError):
-            return 0
-        if before_unix_ms and ts >= before_unix_ms:
-            return 0
-        current = self._records.get(model)
-        if current is None or not current[0].active:
-            return 0
-        if version not in (current[0].version, current[0].previous_stable):
-            return 0
-        if status in CLIENT_STATUSES:
-            return 0
-        failed = status != "OK"
-        if failed and status not in SERVER_ERRORS:
-            log.debug("unknown audit status %s counted as an error", status)
-        self._windows.setdefault((model, version), _Window()).samples.append((ts, failed, latency))
-        return 1
-
-    async def _replay(self, rollouts: list[Rollout], until_unix_ms: int) -> None:
-        """Refill the current steps' windows from the audit stream after a restart.
-
-        The live subscription covers what is published from `until_unix_ms`
-        on; the records of the step's window before that are read back from
-        ``<PREFIX>_AUDIT`` (when it exists: the gateway creates it), so a
-        restarted registry judges the step on all its evidence instead of
-        starting the window again. Bounded in records and time; best effort.
-        """
-        js = self._nc.jetstream()
-        for rollout in rollouts:
-            start_s = rollout.step_started_unix_ms / 1000.0
-            config = ConsumerConfig(
-                deliver_policy=DeliverPolicy.BY_START_TIME,
-                opt_start_time=datetime.fromtimestamp(start_s, UTC).strftime(
-                    "%Y-%m-%dT%H:%M:%S.%fZ"
-                ),
-                ack_policy=AckPolicy.NONE,
-                inactive_threshold=30.0,
-                mem_storage=True,
-            )
-            replayed = 0
-            try:
-                sub = await js.pull_subscribe(
-                    self._subjects.audit(rollout.model),
-                    stream=self._subjects.audit_stream,
-                    config=config,
-                )
-            except (nats.errors.Error, nats.js.errors.Error, TimeoutError) as exc:
-                log.info("no audit replay for %s: %s", rollout.model, exc)
-                continue
-            try:
-                async with asyncio.timeout(10.0):
-                    while replayed < REPLAY_MAX_RECORDS and not self._stop.is_set():
-                        try:
-                            msgs = await sub.fetch(512, timeout=1.0)
-                        except (TimeoutError, nats.errors.TimeoutError):
-                            break
-                        pending = 0
-                        for msg in msgs:
-                            pending = msg.metadata.num_pending
-                            replayed += self._add_samples(msg.data, before_unix_ms=until_unix_ms)
-                        if pending == 0:
-                            break
-            except TimeoutError:
-                log.warning("audit replay for %s stopped after 10 s", rollout.model)
-            except (nats.errors.Error, nats.js.errors.Error) as exc:
-                log.warning("audit replay for %s failed: %s", rollout.model, exc)
-            finally:
-                with contextlib.suppress(nats.errors.Error, TimeoutError):
-                    async with asyncio.timeout(2.0):
-                        await sub.unsubscribe()
-            log.info(
-                "rollout %s resumed with %d audit records replayed",
-                rollout.id,
-                replayed,
-                extra={"model": rollout.model},
-            )
-            self._wake.set()
+    # --- evidence ------------------------------------------------------------------
+    @property
+    def audit_records_seen(self) -> int:
+        """Audit records received (tests probe a fresh subscription with it)."""
+        return self._evidence.records_seen
 
     def stats(self, model: str, version: str, since_unix_ms: int) -> WindowStats:
         """What `version` of `model` did since `since_unix_ms` (from the audit records)."""
-        window = self._windows.get((model, version))
-        return window.stats(since_unix_ms) if window else WindowStats()
+        return self._evidence.stats(model, version, since_unix_ms)
+
+    async def _replay(self, rollouts: list[Rollout], until_unix_ms: int) -> None:
+        await self._evidence.replay(rollouts, until_unix_ms, self._stop)
+        self._wake.set()
 
     # --- records ---------------------------------------------------------------
     def _bucket(self) -> KeyValue:
@@ -580,11 +212,7 @@ class RolloutController:
 
     def _remember(self, record: Rollout, seq: int) -> None:
         self._records[record.model] = (record, seq)
-        token = self._subjects.model_key(record.model)
-        if record.active:
-            self._active_tokens.add(token)
-        else:
-            self._active_tokens.discard(token)
+        self._evidence.track(record)
         self._wake.set()
 
     async def _event(self, record: Rollout, event: str, **fields: object) -> None:
@@ -657,7 +285,7 @@ class RolloutController:
                 f"{model!r} already has canary {route.canary!r} at {route.canary_weight:g}%; "
                 f"clear it with `inferbus route set {model} --canary none` first"
             )
-        record = await self._repo.get_version(model, version)
+        record = await self._repo.verify(model, version)
         await self._pools.check_open(record.config.pool, f"a rollout of {model} {version}")
         now = now_ms()
         rollout = Rollout(
@@ -708,6 +336,9 @@ class RolloutController:
             current, seq = await self.read(model)
             if current is None:
                 raise NotFound(f"{model!r} has no rollout; start one with `inferbus rollout start`")
+            if action == "rollback" and current.state == "succeeded":
+                # Stable moves back: the version it moves to must still be intact.
+                await self._repo.verify(model, current.previous_stable)
             if action == "resume":
                 state = await self._repo.state(model)
                 refuse_unservable(
@@ -719,7 +350,7 @@ class RolloutController:
                 )
             who = f" by {requested_by}" if requested_by else ""
             text = reason or f"{action}{who}"
-            new = self._transition(current, action, text)
+            new = transition(current, action, text, now_ms())
             if await self._write(new, seq) is None:
                 continue
             await self._event(new, f"rollout_{new.state}", action=action, by=requested_by)
@@ -730,74 +361,6 @@ class RolloutController:
             return new
         raise FailedPrecondition(f"the rollout of {model!r} kept changing; retry")
 
-    def _transition(self, current: Rollout, action: str, reason: str) -> Rollout:
-        now = now_ms()
-        state = current.state
-        if action == "pause":
-            if state != "running":
-                raise FailedPrecondition(f"rollout {current.id} is {state}, not running")
-            return self._close_step(current, "paused", reason, now, state="paused")
-        if action == "resume":
-            if state != "paused":
-                raise FailedPrecondition(f"rollout {current.id} is {state}, not paused")
-            # A fresh window: what happened while paused is not this step's evidence.
-            return current.model_copy(
-                update={
-                    "state": "running",
-                    "reason": reason,
-                    "step_started_unix_ms": now,
-                    "history": [
-                        *current.history,
-                        StepRecord(
-                            step=current.step + 1, weight=current.weight, started_unix_ms=now
-                        ),
-                    ],
-                }
-            )
-        if action == "abort":
-            if state not in ACTIVE:
-                raise FailedPrecondition(f"rollout {current.id} already ended ({state})")
-            return self._close_step(current, "aborted", reason, now, state="aborted")
-        # rollback
-        if state in ACTIVE:
-            return self._close_step(current, "rolled_back", reason, now, state="rolled_back")
-        if state == "succeeded":
-            return current.model_copy(
-                update={
-                    "state": "rolled_back",
-                    "reason": reason,
-                    "restored_stable": current.previous_stable,
-                }
-            )
-        raise FailedPrecondition(
-            f"rollout {current.id} already ended ({state}); nothing to roll back"
-        )
-
-    @staticmethod
-    def _close_step(
-        current: Rollout,
-        outcome: str,
-        reason: str,
-        now: int,
-        *,
-        state: str,
-        canary: WindowStats | None = None,
-        stable: WindowStats | None = None,
-    ) -> Rollout:
-        history = list(current.history)
-        if history and history[-1].outcome == "running":
-            last = history[-1].model_copy(
-                update={
-                    "ended_unix_ms": now,
-                    "outcome": outcome,
-                    "reason": reason,
-                    **({"canary": canary} if canary is not None else {}),
-                    **({"stable": stable} if stable is not None else {}),
-                }
-            )
-            history[-1] = last
-        return current.model_copy(update={"state": state, "reason": reason, "history": history})
-
     # --- the controller --------------------------------------------------------
     async def _tick(self, model: str) -> None:
         record, seq = self._records[model]
@@ -805,8 +368,7 @@ class RolloutController:
             await self._reconcile(record)
             return
         if not record.active:
-            self._windows.pop((model, record.version), None)
-            self._windows.pop((model, record.previous_stable), None)
+            self._evidence.forget(model, record.version, record.previous_stable)
             if not record.applied:
                 await self._reconcile(record)
                 await self._write(record.model_copy(update={"applied": True}), seq)
@@ -826,38 +388,24 @@ class RolloutController:
         decision = evaluate(record, canary, stable, now)
         if decision.action == "wait":
             return
+        windows = {
+            "canary": StepStats.of(canary).model_dump(),
+            "stable": StepStats.of(stable).model_dump(),
+        }
         if decision.action == "fail":
-            if record.on_fail == "pause":
-                new = self._close_step(
-                    record,
-                    "failed",
-                    decision.reason,
-                    now,
-                    state="paused",
-                    canary=canary,
-                    stable=stable,
-                )
-                event = "rollout_paused"
-            else:
-                new = self._close_step(
-                    record,
-                    "failed",
-                    decision.reason,
-                    now,
-                    state="rolled_back",
-                    canary=canary,
-                    stable=stable,
-                )
-                event = "rollout_rolled_back"
+            target = "paused" if record.on_fail == "pause" else "rolled_back"
+            new = close_step(
+                record, "failed", decision.reason, now, state=target, canary=canary, stable=stable
+            )
             if await self._write(new, seq) is None:
                 return
             log.warning("rollout %s failed: %s", record.id, decision.reason, extra={"model": model})
-            await self._event(new, event, canary=canary.model_dump(), stable=stable.model_dump())
+            await self._event(new, f"rollout_{target}", **windows)
             await self._reconcile(new)
             return
         # advance
         baseline = stable.p99_ms if stable.requests >= record.min_requests else record.stable_p99_ms
-        passed = self._close_step(
+        passed = close_step(
             record, "passed", decision.reason, now, state="running", canary=canary, stable=stable
         )
         if record.step + 1 >= len(record.steps):
@@ -888,10 +436,9 @@ class RolloutController:
             event = "rollout_step"
         if await self._write(new, seq) is None:
             return
-        await self._event(new, event, canary=canary.model_dump(), stable=stable.model_dump())
+        await self._event(new, event, **windows)
         await self._reconcile(new)
-        self._windows.get((model, record.version), _Window()).prune(now)
-        self._windows.get((model, record.previous_stable), _Window()).prune(now)
+        self._evidence.prune(model, (record.version, record.previous_stable), now)
 
     async def _withdrawn(self, record: Rollout) -> str:
         """Why an active rollout's canary can no longer take traffic ('' when it can).
@@ -923,7 +470,7 @@ class RolloutController:
 
     async def _end_withdrawn(self, record: Rollout, seq: int, reason: str) -> None:
         """Abort a rollout whose canary was taken out of serving under it."""
-        new = self._close_step(record, "aborted", reason, now_ms(), state="aborted")
+        new = close_step(record, "aborted", reason, now_ms(), state="aborted")
         if await self._write(new, seq) is None:
             return
         log.warning("rollout %s aborted: %s", record.id, reason, extra={"model": record.model})
@@ -944,10 +491,7 @@ class RolloutController:
                 continue
             if key in w.models and w.is_fresh(HEARTBEAT_MAX_AGE_S) and w.admitted:
                 states.append(w.models[key])
-        if "ready" in states:
-            return "ready"
-        failed = [s for s in states if s.startswith("failed")]
-        return (failed or states or ["no worker has loaded it yet"])[0]
+        return (states and summarize_states(states)) or "no worker has loaded it yet"
 
     async def _warm_up(self, record: Rollout, seq: int) -> None:
         """Start step 1 once a worker serves the canary; fail when it never does."""
@@ -975,7 +519,7 @@ class RolloutController:
             return
         reason = f"{record.version} was not ready after {record.ready_timeout_s:g}s ({state})"
         target = "paused" if record.on_fail == "pause" else "rolled_back"
-        new = self._close_step(record, "failed", reason, now, state=target)
+        new = close_step(record, "failed", reason, now, state=target)
         if await self._write(new, seq) is not None:
             log.warning("rollout %s failed: %s", record.id, reason, extra={"model": record.model})
             await self._event(new, f"rollout_{target}")
