@@ -31,23 +31,9 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from inferbus_common.modelconfig import ModelConfig
+from inferbus_testing.stringmodels import save_model
 
-OPSET = 17
 INT = TensorProto.INT32
-
-
-def _save(out: Path, graph: onnx.GraphProto, config: dict[str, object]) -> Path:
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="inferbus-tests"
-    )
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    out.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(model, str(out / "model.onnx"))
-    checked = ModelConfig.model_validate(config)
-    (out / "config.json").write_text(checked.model_dump_json(indent=2) + "\n")
-    return out
 
 
 def _vi(name: str, elem: int, shape: list[object]) -> onnx.ValueInfoProto:
@@ -69,7 +55,7 @@ def write_simple(out: Path, name: str = "simple") -> Path:
         [_vi("INPUT0", INT, ["batch", 16]), _vi("INPUT1", INT, ["batch", 16])],
         [_vi("OUTPUT0", INT, ["batch", 16]), _vi("OUTPUT1", INT, ["batch", 16])],
     )
-    return _save(
+    return save_model(
         out,
         graph,
         {
@@ -102,7 +88,7 @@ def write_simple_string(out: Path, name: str = "simple_string") -> Path:
             _vi("OUTPUT1", TensorProto.STRING, ["batch", 16]),
         ],
     )
-    return _save(
+    return save_model(
         out,
         graph,
         {
@@ -122,7 +108,7 @@ def write_simple_identity(out: Path, name: str = "simple_identity") -> Path:
         [_vi("INPUT0", TensorProto.STRING, ["batch", "n"])],
         [_vi("OUTPUT0", TensorProto.STRING, ["batch", "n"])],
     )
-    return _save(
+    return save_model(
         out,
         graph,
         {
@@ -169,7 +155,7 @@ def write_simple_sequence(out: Path, name: str = "simple_sequence") -> Path:
         {"kind": "start", "name": "START", "datatype": "INT32"},
         {"kind": "ready", "name": "READY", "datatype": "INT32"},
     ]
-    return _save(out, graph, _sequence_config(name, controls, []))
+    return save_model(out, graph, _sequence_config(name, controls, []))
 
 
 def write_simple_dyna_sequence(out: Path, name: str = "simple_dyna_sequence") -> Path:
@@ -198,7 +184,7 @@ def write_simple_dyna_sequence(out: Path, name: str = "simple_dyna_sequence") ->
         {"kind": "ready", "name": "READY", "datatype": "INT32"},
         {"kind": "corrid", "name": "CORRID", "datatype": "UINT64"},
     ]
-    return _save(out, graph, _sequence_config(name, controls, []))
+    return save_model(out, graph, _sequence_config(name, controls, []))
 
 
 def write_simple_string_dyna_sequence(out: Path, name: str = "simple_string_dyna_sequence") -> Path:
@@ -232,7 +218,7 @@ def write_simple_string_dyna_sequence(out: Path, name: str = "simple_string_dyna
         {"kind": "corrid", "name": "CORRID", "datatype": "BYTES"},
     ]
     states = [{"input": "ACC_IN", "output": "ACC_OUT", "datatype": "INT32", "shape": [1]}]
-    return _save(out, graph, _sequence_config(name, controls, states))
+    return save_model(out, graph, _sequence_config(name, controls, states))
 
 
 def write_repeat_int32(out: Path, name: str = "repeat_int32") -> Path:
@@ -256,7 +242,7 @@ def write_repeat_int32(out: Path, name: str = "repeat_int32") -> Path:
         [_vi("OUT", INT, ["n"]), _vi("IDX", TensorProto.UINT32, ["n"])],
         initializer=[zero, one],
     )
-    return _save(
+    return save_model(
         out,
         graph,
         {

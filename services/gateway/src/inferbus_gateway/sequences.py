@@ -236,26 +236,19 @@ class SequenceRouter:
             turn = self.turn(dv.model, dv.version, flags)
         try:
             await turn.wait()
-            return await self._call(
-                dv,
-                flags,
-                request_id=request_id,
-                tensors=tensors,
-                outputs=outputs,
-                deadline_ns=deadline_ns,
-                traceparent=traceparent,
+            return await self._send(
+                dv, flags, request_id, encode_tensors(tensors), outputs, deadline_ns, traceparent
             )
         finally:
             if own:
                 turn.release()
 
-    async def _call(
+    async def _send(
         self,
         dv: DeployedVersion,
         flags: SequenceFlags,
-        *,
         request_id: str,
-        tensors: list[Tensor],
+        frame: bytes,
         outputs: Sequence[str],
         deadline_ns: int,
         traceparent: str,
@@ -280,9 +273,7 @@ class SequenceRouter:
             raise DeadlineExceeded(f"request {request_id} passed its deadline before it was sent")
         subject = self._subjects.sequence(worker, dv.model, dv.version)
         try:
-            msg = await self._nc.request(
-                subject, encode_tensors(tensors), timeout=remaining, headers=headers
-            )
+            msg = await self._nc.request(subject, frame, timeout=remaining, headers=headers)
         except NoRespondersError:
             self._bound.pop(key, None)
             SEQUENCE_LOST.labels(dv.model, "worker-gone").inc()

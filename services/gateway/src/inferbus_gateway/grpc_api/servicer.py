@@ -16,11 +16,10 @@ from inferbus_common.errors import (
     Unimplemented,
     status_of,
 )
-from inferbus_gateway.access import RequestScope
 from inferbus_gateway.classification import Classifier
 from inferbus_gateway.generation import GenerationService
-from inferbus_gateway.grpc_api.converters import request_from_proto, response_to_proto
-from inferbus_gateway.grpc_api.stream import StreamHandler
+from inferbus_gateway.grpc_api.converters import response_to_proto
+from inferbus_gateway.grpc_api.stream import StreamHandler, infer_one
 from inferbus_gateway.repository import RepositoryExtension
 from inferbus_gateway.service import InferenceService
 from inferbus_gateway.sharedmemory import CUDA_UNSUPPORTED, SystemSharedMemory
@@ -209,26 +208,14 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Run one inference request."""
 
         async def run() -> pb.ModelInferResponse:
-            headers = _metadata(context)
-            scope = RequestScope(
-                "grpc",
-                request.model_name,
-                headers.get("traceparent", ""),
-                self._access_log,
-                self._service.trace,
+            _, response = await infer_one(
+                self._service,
+                self._classifier,
+                request,
+                _metadata(context),
+                context,
+                access_log=self._access_log,
             )
-            with scope:
-                canonical = request_from_proto(request, context.time_remaining())
-                canonical.traceparent = scope.traceparent
-                scope.request = canonical
-                response = await self._service.infer(canonical, "grpc", headers)
-                scope.response = response
-                if canonical.classification:
-                    if self._classifier is None:
-                        raise Unavailable(
-                            "the classification extension needs the registry (labels files)"
-                        )
-                    await self._classifier.apply(canonical, response)
             if response.degraded:
                 context.set_trailing_metadata((("x-inferbus-degraded", response.degraded),))
             return response_to_proto(response)

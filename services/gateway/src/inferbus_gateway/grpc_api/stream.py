@@ -87,6 +87,47 @@ def _error(request: Any, exc: BaseException) -> pb.ModelStreamInferResponse:
     return pb.ModelStreamInferResponse(error_message=message, infer_response=answer)
 
 
+def scope_for(
+    service: InferenceService, request: pb.ModelInferRequest, headers: dict[str, str], log: bool
+) -> RequestScope:
+    """The access-log and span scope of one gRPC inference request."""
+    return RequestScope(
+        "grpc", request.model_name, headers.get("traceparent", ""), log, service.trace
+    )
+
+
+async def infer_one(
+    service: InferenceService,
+    classifier: Classifier | None,
+    request: pb.ModelInferRequest,
+    headers: dict[str, str],
+    context: grpc.aio.ServicerContext,
+    *,
+    access_log: bool,
+    streaming: bool = False,
+    turn: SequenceTurn | None = None,
+) -> tuple[InferRequest, InferResponse]:
+    """Serve one tensor request of `ModelInfer` or a stream: the request as read and
+    its answer (classification applied).
+
+    Raises:
+        InferbusError: with the status the client should see.
+    """
+    with scope_for(service, request, headers, access_log) as scope:
+        canonical = request_from_proto(request, context.time_remaining())
+        canonical.traceparent = scope.traceparent
+        canonical.streaming = streaming
+        canonical.turn = turn
+        scope.request = canonical
+        response = await service.infer(canonical, "grpc", headers)
+        scope.response = response
+        if canonical.classification:
+            if classifier is None:
+                raise Unavailable("the classification extension needs the registry (labels files)")
+            await classifier.apply(canonical, response)
+    return canonical, response
+
+
 class StreamHandler:
     """Serves ModelStreamInfer streams (see the module docstring).
 
@@ -184,27 +225,16 @@ class StreamHandler:
             if dv is not None and dv.config.generative:
                 await self._generate(request, headers, context, out)
                 return
-            scope = RequestScope(
-                "grpc",
-                request.model_name,
-                headers.get("traceparent", ""),
-                self._access_log,
-                self._service.trace,
+            canonical, response = await infer_one(
+                self._service,
+                self._classifier,
+                request,
+                headers,
+                context,
+                access_log=self._access_log,
+                streaming=True,
+                turn=turn,
             )
-            with scope:
-                canonical = request_from_proto(request, context.time_remaining())
-                canonical.traceparent = scope.traceparent
-                canonical.streaming = True
-                canonical.turn = turn
-                scope.request = canonical
-                response = await self._service.infer(canonical, "grpc", headers)
-                scope.response = response
-                if canonical.classification:
-                    if self._classifier is None:
-                        raise Unavailable(
-                            "the classification extension needs the registry (labels files)"
-                        )
-                    await self._classifier.apply(canonical, response)
             self._answer(request, canonical, response, out)
         except InferbusError as exc:
             out.put_nowait(_error(request, exc))
@@ -247,13 +277,7 @@ class StreamHandler:
         """A generative model: Triton's vLLM backend contract (`inferbus_gateway.tritonllm`)."""
         if self._generation is None:
             raise Unavailable("this gateway does not serve generative models")
-        scope = RequestScope(
-            "grpc",
-            request.model_name,
-            headers.get("traceparent", ""),
-            self._access_log,
-            self._service.trace,
-        )
+        scope = scope_for(self._service, request, headers, self._access_log)
         with scope:
             canonical = request_from_proto(request, context.time_remaining())
             scope.request = canonical

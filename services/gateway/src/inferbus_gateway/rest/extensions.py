@@ -30,11 +30,10 @@ from starlette.routing import Route
 from inferbus_common.errors import (
     InferbusError,
     InvalidArgument,
-    Unauthenticated,
     Unavailable,
     Unimplemented,
-    status_of,
 )
+from inferbus_gateway.rest.repository import error_response
 from inferbus_gateway.service import InferenceService
 from inferbus_gateway.sharedmemory import CUDA_UNSUPPORTED
 
@@ -42,12 +41,6 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 16
 """Settings and registrations are small; a larger body is refused."""
-
-
-def _error(exc: BaseException) -> Response:
-    code, message = status_of(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else {}
-    return JSONResponse({"error": message}, status_code=code.http_status, headers=headers)
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -74,10 +67,10 @@ def _handler(
         try:
             return await fn(request)
         except InferbusError as exc:
-            return _error(exc)
+            return error_response(exc)
         except Exception as exc:
             log.exception("unhandled error in %s", what)
-            return _error(exc)
+            return error_response(exc)
 
     return handle
 
