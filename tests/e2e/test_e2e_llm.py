@@ -15,16 +15,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
 import redis
+import tritonclient.grpc as grpcclient
 from tokenizers import Tokenizer
+from tritonclient.utils import InferenceServerException
 
 from inferbus_testing.llm import (
     TINY_LLM,
@@ -230,6 +234,56 @@ def test_completions_endpoint(client: openai.OpenAI) -> None:
     assert out.usage is not None and out.usage.completion_tokens == 5
     assert out.usage.prompt_tokens > 0
     assert isinstance(out.choices[0].text, str)
+
+
+def _triton_generate(stack: LlmStack, prompt: str, *, stream: bool) -> list[object]:
+    """One request with Triton's vLLM backend contract over ModelStreamInfer; the
+    responses until the one marked final."""
+    inputs = [
+        grpcclient.InferInput("text_input", [1], "BYTES"),
+        grpcclient.InferInput("stream", [1], "BOOL"),
+        grpcclient.InferInput("sampling_parameters", [1], "BYTES"),
+    ]
+    inputs[0].set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
+    inputs[1].set_data_from_numpy(np.array([stream]))
+    sampling = json.dumps({"max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    inputs[2].set_data_from_numpy(np.array([sampling.encode()], dtype=np.object_))
+    done: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(stack.grpc_url) as g:
+        g.start_stream(callback=lambda result, error: done.put(error or result))
+        g.async_stream_infer(MODEL, inputs, request_id=f"gen-{stream}")
+        responses = []
+        while True:
+            item = done.get(timeout=60)
+            assert not isinstance(item, InferenceServerException), item
+            responses.append(item)
+            if item.get_response().parameters["triton_final_response"].bool_param:
+                return responses
+
+
+def test_triton_vllm_contract_over_model_stream_infer(
+    llm_stack: LlmStack, client: openai.OpenAI
+) -> None:
+    prompt = "hello world"
+    expected = (
+        client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=8,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        .choices[0]
+        .text
+    )
+    streamed = _triton_generate(llm_stack, prompt, stream=True)
+    assert len(streamed) > 1  # one response per generation step
+    deltas = [r.as_numpy("text_output")[0].decode() for r in streamed]
+    assert "".join(deltas) == expected
+    assert all(r.get_response().id == "gen-True" for r in streamed)
+    (whole,) = _triton_generate(llm_stack, prompt, stream=False)
+    # Not streamed: the prompt comes first, as Triton's vLLM backend answers.
+    assert whole.as_numpy("text_output")[0].decode() == prompt + expected
 
 
 def test_errors_have_openai_shape_and_status(client: openai.OpenAI) -> None:

@@ -134,6 +134,8 @@ def test_no_credentials_is_refused(secured) -> None:
         ("gateway", "ib.batch.default.fraud.1", "only the batcher writes the work queue"),
         ("gateway", "ib.gen.fraud.1", "only the router routes generative requests"),
         ("worker", "ib.route.fraud", "only gateways send requests in"),
+        ("worker", "ib.seq.w-2.acc.1", "only gateways send sequence requests"),
+        ("router", "ib.seqwho.acc.1", "only gateways look for sequences"),
         ("router", "ib.events.registry.fraud", "only the registry announces lifecycle events"),
         ("batcher", f"$JS.API.STREAM.DELETE.{SUBJECTS.batch_stream}", "no one deletes streams"),
         ("worker", f"$JS.API.STREAM.PURGE.KV_{SUBJECTS.routes_bucket}", "no route purges"),
@@ -157,6 +159,7 @@ async def test_publish_outside_permissions_is_refused(
         ("gateway", "ib.infer.>"),
         ("batcher", "ib.reply.>"),  # answers are for gateways only
         ("router", "_INBOX_registry.>"),  # another service's JetStream answers
+        ("batcher", "ib.seq.>"),  # requests of sequences are for workers only
     ],
 )
 async def test_subscribe_outside_permissions_is_refused(
@@ -176,6 +179,8 @@ async def test_subscribe_outside_permissions_is_refused(
         ("worker", "ib.reply.gw-1.7"),
         ("batcher", "ib.reply.gw-1.7"),
         ("registry", "ib.events.registry.fraud"),
+        ("gateway", "ib.seq.w-1.acc.1"),  # a request of a sequence, to its worker
+        ("gateway", "ib.seqwho.acc.1"),
     ],
 )
 async def test_allowed_publish_is_delivered(secured, as_role, role: str, subject: str) -> None:

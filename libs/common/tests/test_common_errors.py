@@ -43,6 +43,7 @@ def test_http_codes() -> None:
         "DEADLINE_EXCEEDED": 504,
         "UNAVAILABLE": 503,
         "CANCELLED": 499,
+        "UNIMPLEMENTED": 400,
         "INTERNAL": 500,
     }
 

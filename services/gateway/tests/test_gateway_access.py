@@ -14,6 +14,7 @@ from inferbus_common.errors import ResourceExhausted, Unauthenticated
 from inferbus_common.settings import ServiceSettings
 from inferbus_gateway.access import RequestScope
 from inferbus_gateway.canonical import InferRequest, InferResponse
+from inferbus_gateway.tracelog import TraceSettings
 
 CLIENT_TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -126,3 +127,24 @@ def test_unsampled_request_forwards_the_client_context_unchanged(
         pass
     assert scope.traceparent == ""
     assert spans.get_finished_spans() == ()
+
+
+def test_trace_settings_steer_which_requests_are_traced(spans: InMemorySpanExporter) -> None:
+    """Triton's trace settings (`tracelog.TraceSettings`) decide at the request scope."""
+    trace = TraceSettings(available=True, ratio=0.0)
+    with RequestScope("grpc", "m-trace", "", False, trace):
+        pass
+    assert spans.get_finished_spans() == ()  # ratio 0: no root trace
+    trace.update(
+        "m-trace", {"trace_level": ["TIMESTAMPS"], "trace_rate": ["1"], "trace_count": ["2"]}
+    )
+    for _ in range(3):
+        with RequestScope("grpc", "m-trace", "", False, trace):
+            pass
+    assert len(spans.get_finished_spans()) == 2  # trace_count stopped the third
+    assert trace.get("m-trace")["trace_count"] == ["0"]
+    trace.update("m-trace", {"trace_level": ["OFF"]})
+    with RequestScope("grpc", "m-trace", CLIENT_TP, False, trace) as scope:
+        pass
+    # OFF: not even a client's sampled context starts a gateway span; it passes on unchanged.
+    assert scope.traceparent == CLIENT_TP and len(spans.get_finished_spans()) == 2

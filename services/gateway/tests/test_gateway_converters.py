@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferbus_common.codec import deserialize_bytes
+from inferbus_common.codec import Tensor, deserialize_bytes
 from inferbus_common.errors import InvalidArgument
-from inferbus_gateway.canonical import InferResponse
+from inferbus_gateway.canonical import InferResponse, ShmRef
 from inferbus_gateway.grpc_api.converters import (
     CONTENTS_FIELD,
     request_from_proto,
@@ -149,5 +149,66 @@ def test_raw_and_typed_contents_in_one_request_are_refused() -> None:
     a.contents.fp32_contents.append(1.0)
     req.inputs.add(name="b", datatype="FP32", shape=[1])
     req.raw_input_contents.extend([np.float32(1).tobytes(), np.float32(2).tobytes()])
-    with pytest.raises(InvalidArgument, match="either raw_input_contents or contents"):
+    with pytest.raises(
+        InvalidArgument,
+        match="contents field must not be specified when using raw_input_contents for 'a' "
+        "for model 'm'",
+    ):
         request_from_proto(req, None)
+
+
+def test_sequence_parameters_become_sequence_flags() -> None:
+    req = pb.ModelInferRequest(model_name="m")
+    req.inputs.add(name="x", datatype="INT32", shape=[1]).contents.int_contents.append(1)
+    req.parameters["sequence_id"].int64_param = 1000
+    req.parameters["sequence_start"].bool_param = True
+    flags = request_from_proto(req, None).sequence
+    assert flags is not None and (flags.id, flags.start, flags.end) == (1000, True, False)
+    req.parameters["sequence_id"].string_param = "abc"
+    req.parameters["sequence_end"].bool_param = True
+    flags = request_from_proto(req, None).sequence
+    assert flags is not None and (flags.id, flags.start, flags.end) == ("abc", True, True)
+    req.parameters["sequence_id"].int64_param = 0
+    with pytest.raises(InvalidArgument, match="need a non-zero sequence_id"):
+        request_from_proto(req, None)
+    del req.parameters["sequence_start"]
+    del req.parameters["sequence_end"]
+    assert request_from_proto(req, None).sequence is None
+    req.parameters["sequence_id"].int64_param = 5
+    req.parameters["sequence_start"].int64_param = 1
+    with pytest.raises(InvalidArgument, match="must be a bool"):
+        request_from_proto(req, None)
+
+
+def test_shared_memory_inputs_and_outputs_are_named_not_sent() -> None:
+    req = pb.ModelInferRequest(model_name="m")
+    t = req.inputs.add(name="x", datatype="INT32", shape=[1, 16])
+    t.parameters["shared_memory_region"].string_param = "in"
+    t.parameters["shared_memory_byte_size"].int64_param = 64
+    o = req.outputs.add(name="y")
+    o.parameters["shared_memory_region"].string_param = "out"
+    o.parameters["shared_memory_byte_size"].int64_param = 64
+    o.parameters["shared_memory_offset"].int64_param = 64
+    canonical = request_from_proto(req, None)
+    assert canonical.shm_inputs["x"].byte_size == 64 and canonical.inputs[0].data == b""
+    assert canonical.shm_outputs["y"].offset == 64
+    t.contents.int_contents.extend(range(16))
+    with pytest.raises(InvalidArgument, match="in shared memory"):
+        request_from_proto(req, None)
+
+
+def test_shared_memory_outputs_carry_their_region_and_no_bytes() -> None:
+    resp = InferResponse(
+        model="m",
+        version="1",
+        id="r",
+        outputs=[Tensor("y", "INT32", (1, 16), b""), Tensor("z", "INT32", (1,), b"\x01\0\0\0")],
+        shm_outputs={"y": ShmRef("out", 64, 8)},
+    )
+    msg = response_to_proto(resp)
+    y, z = msg.outputs
+    assert not z.parameters
+    assert y.parameters["shared_memory_region"].string_param == "out"
+    assert y.parameters["shared_memory_byte_size"].int64_param == 64
+    assert y.parameters["shared_memory_offset"].int64_param == 8
+    assert list(msg.raw_output_contents) == [b"\x01\0\0\0"]

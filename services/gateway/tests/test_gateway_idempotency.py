@@ -9,8 +9,9 @@ import pytest
 
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.errors import Unavailable
+from inferbus_common.sequences import SequenceFlags
 from inferbus_gateway.canonical import InferRequest, InferResponse
-from inferbus_gateway.idempotency import IdempotencyCache
+from inferbus_gateway.idempotency import IdempotencyCache, request_key
 
 
 def _request(rid: str, value: float) -> InferRequest:
@@ -79,3 +80,20 @@ async def test_errors_are_not_cached() -> None:
         with pytest.raises(Unavailable):
             await cache.run(_request("r1", 1.0), failing)
     assert calls == 2
+
+
+def test_requests_of_different_sequences_or_steps_are_different_requests() -> None:
+    def keyed(flags: SequenceFlags | None) -> str:
+        request = _request("same-id", 1.0)
+        request.sequence = flags
+        return request_key(request)
+
+    keys = {
+        keyed(None),
+        keyed(SequenceFlags(1, start=True)),
+        keyed(SequenceFlags(1)),
+        keyed(SequenceFlags("1")),
+        keyed(SequenceFlags(2)),
+    }
+    assert len(keys) == 5
+    assert keyed(SequenceFlags(1)) == keyed(SequenceFlags(1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import orjson
 import pytest
 
 from inferbus_common.codec import tensor_from_numpy
@@ -211,3 +212,37 @@ def test_zero_timeout_means_none() -> None:
     body = _one_input("FP32", [1.0], [1], parameters={"timeout": 0, "priority": 2})
     req, _, _ = request_from_http("m", "", body, None, 3.0)
     assert req.timeout_s == 3.0 and req.priority == 2
+
+
+def test_rest_sequence_and_shared_memory_parameters() -> None:
+    body = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "INT32",
+                    "shape": [1, 16],
+                    "parameters": {"shared_memory_region": "in", "shared_memory_byte_size": 64},
+                }
+            ],
+            "outputs": [
+                {
+                    "name": "y",
+                    "parameters": {
+                        "shared_memory_region": "out",
+                        "shared_memory_byte_size": 64,
+                        "binary_data": True,
+                    },
+                }
+            ],
+            "parameters": {"sequence_id": "s-1", "sequence_start": True, "sequence_end": False},
+        }
+    )
+    req, binary, _ = request_from_http("m", "", body, None, None)
+    assert binary == {"y"}
+    assert req.sequence is not None and (req.sequence.id, req.sequence.start) == ("s-1", True)
+    assert req.shm_inputs["x"].region == "in" and req.shm_outputs["y"].region == "out"
+    bad = orjson.loads(body)
+    bad["parameters"]["sequence_start"] = "yes"
+    with pytest.raises(InvalidArgument, match="must be a bool"):
+        request_from_http("m", "", orjson.dumps(bad), None, None)

@@ -148,3 +148,75 @@ def test_statistics_round_trip_through_a_heartbeat_record() -> None:
     # A record from a worker of the previous release (no stats) still reads.
     old = WorkerStatus.model_validate_json('{"worker_id": "w", "pool": "default"}')
     assert old.stats == {}
+
+
+def test_sequence_model_config_reads_as_tritons_sequence_batching() -> None:
+    dv = _deployed(
+        inputs=[{"name": "INPUT", "datatype": "INT32", "shape": [-1, 1]}],
+        outputs=[{"name": "OUTPUT", "datatype": "INT32", "shape": [-1, 1]}],
+        sequence_batching={
+            "max_sequence_idle_us": 5_000_000,
+            "max_sequences": 64,
+            "controls": [
+                {"kind": "start", "name": "START"},
+                {"kind": "ready", "name": "READY", "datatype": "FP32"},
+                {"kind": "end", "name": "END", "datatype": "BOOL"},
+                {"kind": "corrid", "name": "CORRID", "datatype": "UINT64"},
+            ],
+            "states": [{"input": "S_IN", "output": "S_OUT", "datatype": "FP32", "shape": [4]}],
+        },
+    )
+    doc = triton_config("seq", dv)
+    assert "dynamic_batching" not in doc  # Triton's scheduling_choice is one or the other
+    seq = doc["sequence_batching"]
+    assert seq["max_sequence_idle_microseconds"] == 5_000_000
+    assert seq["oldest"]["max_candidate_sequences"] == 64
+    # Decoded with Triton's own messages.
+    triton = triton_mc.ModelConfig.FromString(to_proto(doc, mc.ModelConfig()).SerializeToString())
+    assert triton.WhichOneof("scheduling_choice") == "sequence_batching"
+    controls = {c.name: c.control[0] for c in triton.sequence_batching.control_input}
+    kind = triton_mc.ModelSequenceBatching.Control
+    assert controls["START"].kind == kind.CONTROL_SEQUENCE_START
+    assert list(controls["START"].int32_false_true) == [0, 1]
+    assert list(controls["READY"].fp32_false_true) == [0.0, 1.0]
+    assert list(controls["END"].bool_false_true) == [False, True]
+    assert controls["CORRID"].data_type == triton_mc.TYPE_UINT64
+    (state,) = triton.sequence_batching.state
+    assert (state.input_name, state.output_name, list(state.dims)) == ("S_IN", "S_OUT", [4])
+    assert state.initial_state[0].zero_data
+    assert not triton.model_transaction_policy.decoupled
+
+
+def test_decoupled_model_config_says_so() -> None:
+    doc = triton_config("rep", _deployed(decoupled={"axis": 1}))
+    assert doc["model_transaction_policy"] == {"decoupled": True}
+    triton = triton_mc.ModelConfig.FromString(to_proto(doc, mc.ModelConfig()).SerializeToString())
+    assert triton.model_transaction_policy.decoupled
+
+
+def test_stream_and_settings_messages_decode_as_tritons() -> None:
+    resp = pb.ModelStreamInferResponse(error_message="boom")
+    resp.infer_response.id = "r1"
+    resp.infer_response.parameters["triton_final_response"].bool_param = True
+    triton = triton_pb.ModelStreamInferResponse.FromString(resp.SerializeToString())
+    assert triton.error_message == "boom"
+    assert triton.infer_response.parameters["triton_final_response"].bool_param
+    shm = pb.SystemSharedMemoryStatusResponse()
+    shm.regions["r"].CopyFrom(
+        pb.SystemSharedMemoryStatusResponse.RegionStatus(name="r", key="/k", offset=8, byte_size=64)
+    )
+    triton_shm = triton_pb.SystemSharedMemoryStatusResponse.FromString(shm.SerializeToString())
+    assert triton_shm.regions["r"].byte_size == 64
+    trace = pb.TraceSettingResponse()
+    trace.settings["trace_rate"].value.append("10")
+    assert triton_pb.TraceSettingResponse.FromString(trace.SerializeToString()).settings[
+        "trace_rate"
+    ].value == ["10"]
+    logs = pb.LogSettingsResponse()
+    logs.settings["log_verbose_level"].uint32_param = 1
+    assert (
+        triton_pb.LogSettingsResponse.FromString(logs.SerializeToString())
+        .settings["log_verbose_level"]
+        .uint32_param
+        == 1
+    )

@@ -31,6 +31,7 @@ class StatusCode(enum.Enum):
     DEADLINE_EXCEEDED = ("DEADLINE_EXCEEDED", 504, False)
     UNAVAILABLE = ("UNAVAILABLE", 503, True)
     CANCELLED = ("CANCELLED", 499, False)
+    UNIMPLEMENTED = ("UNIMPLEMENTED", 400, False)
     INTERNAL = ("INTERNAL", 500, False)
 
     def __init__(self, grpc_name: str, http_status: int, retryable: bool) -> None:
@@ -129,6 +130,13 @@ class Cancelled(InferbusError):
     code = StatusCode.CANCELLED
 
 
+class Unimplemented(InferbusError):
+    """A protocol feature or extension this server does not implement (HTTP 400, as
+    Triton answers unsupported extensions)."""
+
+    code = StatusCode.UNIMPLEMENTED
+
+
 class Internal(InferbusError):
     """A bug or an unexpected failure; details are in the logs, not the message."""
 
@@ -147,6 +155,7 @@ _BY_CODE: dict[StatusCode, type[InferbusError]] = {
         DeadlineExceeded,
         Unavailable,
         Cancelled,
+        Unimplemented,
         Internal,
     )
 }

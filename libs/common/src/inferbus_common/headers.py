@@ -59,6 +59,12 @@ MIRROR = "Ib-Mirror"
 """Subject a worker also publishes its reply to (after the client's), set by the
 router on the primary copy of a shadowed request so it can compare the two."""
 
+SEQUENCE_ID = "Ib-Sequence-Id"
+"""On requests of a stateful model: the sequence id, ``i:<integer>`` or ``s:<text>``
+(`inferbus_common.sequences`)."""
+SEQUENCE_FLAGS = "Ib-Sequence-Flags"
+"""On requests of a stateful model: ``start``, ``end``, ``start,end`` or absent."""
+
 
 def now_ns() -> int:
     """Current wall-clock time in unix nanoseconds (the unit of `DEADLINE`)."""

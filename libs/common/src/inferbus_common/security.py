@@ -112,6 +112,9 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
             f"{p}.audit.>",
             f"{p}.gencancel.>",
             f"{p}.loadhint.>",
+            # Stateful models: requests straight to the worker holding the sequence.
+            subjects.sequence_all,
+            subjects.sequence_locate_all,
             f"$KV.{subjects.drift_bucket}.>",
             *audit_stream_api,
         ]
@@ -136,6 +139,8 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
             f"$JS.ACK.{batches}.>",
         ]
         sub += [f"{p}.events.>", f"{p}.loadhint.>", f"{p}.gen.>", f"{p}.gencancel.>"]
+        if role == "worker":
+            sub += [subjects.sequence_all, subjects.sequence_locate_all]
         if role == "llm":
             # A full LLM worker hands requests that reached it on to the subject.
             pub.append(f"{p}.gen.>")

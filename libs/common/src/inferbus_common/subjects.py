@@ -120,6 +120,27 @@ class Subjects:
         """Wildcard the batchers subscribe to for idle signals."""
         return f"{self.prefix}.idle.*.*.*"
 
+    def sequence(self, worker: str, model: str, version: str) -> str:
+        """Gateway → one worker: a request of a sequence (stateful model) that worker holds."""
+        return (
+            f"{self.prefix}.seq.{subject_token(worker)}."
+            f"{subject_token(model)}.{subject_token(version)}"
+        )
+
+    def sequence_locate(self, model: str, version: str) -> str:
+        """Gateway → every worker of a version: which of you holds this sequence?"""
+        return f"{self.prefix}.seqwho.{subject_token(model)}.{subject_token(version)}"
+
+    @property
+    def sequence_all(self) -> str:
+        """Wildcard of the sequence subjects (requests and locate questions)."""
+        return f"{self.prefix}.seq.>"
+
+    @property
+    def sequence_locate_all(self) -> str:
+        """Wildcard of the locate questions."""
+        return f"{self.prefix}.seqwho.>"
+
     def reply_inbox(self, instance: str) -> str:
         """Prefix of reply subjects owned by one gateway instance."""
         return f"{self.prefix}.reply.{subject_token(instance)}"

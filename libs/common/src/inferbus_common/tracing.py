@@ -45,6 +45,7 @@ __all__ = [
     "is_sampled",
     "link_to",
     "parse_traceparent",
+    "sample_ratio",
     "setup_tracing",
     "shutdown_tracing",
     "start_child_span",
@@ -200,24 +201,32 @@ def _context_of(parent: SpanContext | None) -> otel_context.Context | None:
     return trace.set_span_in_context(trace.NonRecordingSpan(parent))
 
 
+def sample_ratio() -> float:
+    """The configured share of requests without a client decision that start a trace."""
+    return _root_ratio
+
+
 def start_server_span(
     name: str,
     traceparent: str,
     attributes: Mapping[str, str | int | float | bool] | None = None,
+    *,
+    ratio: float | None = None,
 ) -> Span | None:
     """The span of a request entering the platform, or None when it is not sampled.
 
     Parent-based: the client's valid ``traceparent`` decides (traced when its
     sampled flag is set, never otherwise); without one (or with a malformed
-    one) a new trace starts at the configured ratio. Give `attributes` only
-    when they are free to build; set costly ones after checking for None.
+    one) a new trace starts at the configured ratio (`ratio`, when given,
+    replaces it: the gateway's trace settings). Give `attributes` only when
+    they are free to build; set costly ones after checking for None.
     """
     tracer = _tracer
     if tracer is None:
         return None
     parent = parse_traceparent(traceparent) if traceparent else None
     if parent is None:
-        if _draw() >= _root_ratio:
+        if _draw() >= (_root_ratio if ratio is None else ratio):
             return None
     elif not parent.trace_flags.sampled:
         return None  # the caller decided against tracing

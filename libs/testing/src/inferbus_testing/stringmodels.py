@@ -24,7 +24,8 @@ from inferbus_common.modelconfig import ModelConfig
 OPSET = 17
 
 
-def _save(out: Path, graph: onnx.GraphProto, config: dict[str, object]) -> Path:
+def save_model(out: Path, graph: onnx.GraphProto, config: dict[str, object]) -> Path:
+    """Check `graph` and `config`, write ``model.onnx`` and ``config.json`` into `out`."""
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="inferbus-tests"
     )
@@ -57,7 +58,7 @@ def write_identity_bytes(
         "outputs": [{"name": "OUT", "datatype": "BYTES", "shape": [-1, -1]}],
         **_batching(max_batch_size, delay_us),
     }
-    return _save(out, graph, config)
+    return save_model(out, graph, config)
 
 
 def write_parse_int(
@@ -85,4 +86,4 @@ def write_parse_int(
         ],
         **_batching(max_batch_size, delay_us),
     }
-    return _save(out, graph, config)
+    return save_model(out, graph, config)

@@ -31,9 +31,12 @@ from inferbus_gateway.grpc_api.tolerant import add_servicer_to_server
 from inferbus_gateway.lazyload import LazyLoader
 from inferbus_gateway.repository import RepositoryExtension
 from inferbus_gateway.rest.app import rest_app
+from inferbus_gateway.sequences import SequenceRouter
 from inferbus_gateway.service import InferenceService
 from inferbus_gateway.settings import GatewaySettings
+from inferbus_gateway.sharedmemory import SystemSharedMemory
 from inferbus_gateway.slo import ModelSloCollector
+from inferbus_gateway.tracelog import LogSettings, TraceSettings
 
 log = logging.getLogger("inferbus_gateway")
 
@@ -75,6 +78,11 @@ async def serve(settings: GatewaySettings) -> None:
             await _ensure_audit_stream(nc, subjects, settings)
             stack.callback(REGISTRY.unregister, _register(ModelSloCollector(catalog)))
             lazy = LazyLoader(nc, catalog, subjects, max_wait_s=settings.lazy_load_max_wait_s)
+            shared_memory = SystemSharedMemory(
+                enabled=settings.system_shared_memory,
+                max_regions=settings.shared_memory_max_regions,
+            )
+            stack.callback(shared_memory.close)
             dispatcher = Dispatcher(
                 nc,
                 subjects,
@@ -109,6 +117,11 @@ async def serve(settings: GatewaySettings) -> None:
                 instance=instance,
                 observers=[o.observe for o in (capture, drift) if o.enabled],
                 lazy=lazy,
+                sequences=SequenceRouter(nc, catalog, subjects),
+                shared_memory=shared_memory,
+                trace=TraceSettings.from_process(),
+                log_settings=LogSettings("gateway", settings.log_level, settings.log_format),
+                settings_tenants=settings.settings_tenants,
             )
             await catalog.wait_loaded()
             service.catalog_loaded = True
@@ -134,6 +147,8 @@ async def serve(settings: GatewaySettings) -> None:
                     access_log=settings.access_log,
                     repository=repository,
                     classifier=classifier,
+                    generation=generation,
+                    stream_max_in_flight=settings.stream_max_in_flight,
                 ),
                 server,
             )

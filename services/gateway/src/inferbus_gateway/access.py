@@ -30,6 +30,7 @@ from inferbus_common.logs import BufferedLines
 from inferbus_common.loopmetrics import LoopGauge, LoopHistogram
 from inferbus_gateway.admission import BreakerOpen
 from inferbus_gateway.canonical import InferRequest, InferResponse
+from inferbus_gateway.tracelog import TraceSettings
 
 access_log = logging.getLogger("inferbus_gateway.access")
 ACCESS_LINES = BufferedLines(access_log)
@@ -111,6 +112,8 @@ class RequestScope:
         model: the model the client named (before the request is decoded).
         traceparent: the client's W3C ``traceparent`` ("" when none).
         log_enabled: write the access-log line.
+        trace: the gateway's trace settings (Triton's trace extension); None:
+            the configured sample ratio.
 
     Attributes:
         traceparent: what the request carries into the platform: this span's
@@ -125,13 +128,22 @@ class RequestScope:
         "_protocol",
         "_span",
         "_t0",
+        "_trace",
         "request",
         "response",
         "traceparent",
     )
 
-    def __init__(self, protocol: str, model: str, traceparent: str, log_enabled: bool) -> None:
+    def __init__(
+        self,
+        protocol: str,
+        model: str,
+        traceparent: str,
+        log_enabled: bool,
+        trace: TraceSettings | None = None,
+    ) -> None:
         self._protocol = protocol
+        self._trace = trace
         self._model = model
         self._log = log_enabled
         self.traceparent = traceparent
@@ -155,9 +167,13 @@ class RequestScope:
         """Start the clock and, when the request is sampled, its span."""
         self._t0 = time.perf_counter()
         IN_FLIGHT.inc()
-        if tracing.enabled():
-            span = tracing.start_server_span(SPAN_NAME, self.traceparent)
+        trace = self._trace
+        if tracing.enabled() and (trace is None or not trace.off(self._model)):
+            ratio = trace.root_ratio(self._model) if trace is not None else None
+            span = tracing.start_server_span(SPAN_NAME, self.traceparent, ratio=ratio)
             if span is not None:
+                if trace is not None:
+                    trace.traced(self._model)
                 span.set_attribute("inferbus.model", self._model)
                 span.set_attribute("inferbus.protocol", self._protocol)
                 self._span = span

@@ -7,8 +7,23 @@ The gRPC and REST layers convert their wire messages to and from these; the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from inferbus_common.codec import Tensor
+from inferbus_common.sequences import SequenceFlags
+
+if TYPE_CHECKING:
+    from inferbus_gateway.sequences import SequenceTurn
+
+
+@dataclass(frozen=True, slots=True)
+class ShmRef:
+    """Where a tensor's bytes are in a registered system shared-memory region
+    (Triton's ``shared_memory_region``/``_byte_size``/``_offset`` parameters)."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
 
 
 @dataclass(slots=True)
@@ -35,6 +50,17 @@ class InferRequest:
     classification: dict[str, int] = field(default_factory=dict)
     """Output name → number of top classes to answer instead of the tensor
     (Triton's classification extension, `inferbus_gateway.classification`)."""
+    sequence: SequenceFlags | None = None
+    """Triton's ``sequence_id``/``sequence_start``/``sequence_end`` (stateful models)."""
+    turn: SequenceTurn | None = None
+    """The request's place in its sequence's order, taken when a stream read it
+    (`inferbus_gateway.sequences.SequenceRouter.turn`); None: taken when sent."""
+    streaming: bool = False
+    """Came over ModelStreamInfer (decoupled models are served only there)."""
+    shm_inputs: dict[str, ShmRef] = field(default_factory=dict)
+    """Inputs whose bytes are in system shared memory (read before validation)."""
+    shm_outputs: dict[str, ShmRef] = field(default_factory=dict)
+    """Outputs to write into system shared memory instead of the answer."""
 
 
 @dataclass(slots=True)
@@ -51,3 +77,5 @@ class InferResponse:
     """Digest of the artifact that computed the answer."""
     degraded: str = ""
     """Non-empty when this is a fallback answer: why the model itself did not answer."""
+    shm_outputs: dict[str, ShmRef] = field(default_factory=dict)
+    """Outputs written into system shared memory (their `Tensor.data` is empty)."""

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import Counter
 
+from inferbus_common.sequences import encode_sequence_id
 from inferbus_gateway.canonical import InferRequest, InferResponse
 
 REPLAYED = Counter(
@@ -28,9 +29,11 @@ REPLAYED = Counter(
 
 
 def request_key(request: InferRequest) -> str:
-    """Identity of a request: model, version, id, requested outputs and input bytes."""
+    """Identity of a request: model, version, id, requested outputs, sequence and input bytes."""
     h = hashlib.blake2b(digest_size=16)
-    for part in (request.model, request.version, request.id, ",".join(request.outputs)):
+    seq = request.sequence
+    sequence = f"{encode_sequence_id(seq.id)}|{seq.flags}" if seq is not None else ""
+    for part in (request.model, request.version, request.id, ",".join(request.outputs), sequence):
         h.update(part.encode())
         h.update(b"\0")
     for t in request.inputs:

@@ -34,9 +34,12 @@ from inferbus_common.wire import FrameError, decode_tensors
 from inferbus_gateway.admission import Admission, BreakerOpen, fallback_outputs
 from inferbus_gateway.auditbatch import AuditBatches
 from inferbus_gateway.canonical import InferRequest, InferResponse
-from inferbus_gateway.dispatch import Dispatcher
+from inferbus_gateway.dispatch import Dispatcher, Reply
 from inferbus_gateway.idempotency import IdempotencyCache
 from inferbus_gateway.lazyload import LazyLoader
+from inferbus_gateway.sequences import SequenceRouter, check_sequence_request
+from inferbus_gateway.sharedmemory import SystemSharedMemory
+from inferbus_gateway.tracelog import LogSettings, TraceSettings
 from inferbus_gateway.triton import triton_config, triton_statistics
 
 REQUESTS = LoopCounter(
@@ -78,6 +81,11 @@ SERVER_EXTENSIONS = [
     "model_repository",
     "model_configuration",
     "statistics",
+    "sequence",
+    "system_shared_memory",
+    "trace",
+    "logging",
+    "parameters",
 ]
 """Triton protocol extensions this gateway speaks (server metadata lists them)."""
 _MAX_CHECKERS = 1024
@@ -145,6 +153,14 @@ class InferenceService:
         admission: authentication, limits, quotas and breakers (None: admit all).
         lazy: load hints for ``load_policy: lazy`` versions (None: lazy versions
             are refused as not ready).
+        sequences: sends requests of stateful models to their sequence's worker
+            (None: sequence models are refused as unavailable).
+        shared_memory: Triton's system shared-memory regions (None: requests
+            naming a region are refused).
+        trace: Triton's trace settings of this gateway (None: the configured ratio).
+        log_settings: Triton's log settings of this gateway (None: not changeable).
+        settings_tenants: tenants that may change trace and log settings when
+            authentication is on.
     """
 
     def __init__(
@@ -163,6 +179,11 @@ class InferenceService:
         instance: str = "",
         observers: Sequence[Callable[[InferRequest, InferResponse], None]] = (),
         lazy: LazyLoader | None = None,
+        sequences: SequenceRouter | None = None,
+        shared_memory: SystemSharedMemory | None = None,
+        trace: TraceSettings | None = None,
+        log_settings: LogSettings | None = None,
+        settings_tenants: Sequence[str] = (),
     ) -> None:
         self._nc = nc
         self._catalog = catalog
@@ -180,6 +201,11 @@ class InferenceService:
         )
         self._instance = instance
         self._lazy = lazy
+        self.sequences = sequences
+        self.shared_memory = shared_memory
+        self.trace = trace
+        self.log_settings = log_settings
+        self._settings_tenants = frozenset(settings_tenants)
         self._observers = tuple(observers)
         """Called with every request answered by its model (payload capture, drift)."""
         self._checkers: dict[tuple[str, str], RequestChecker] = {}
@@ -216,7 +242,7 @@ class InferenceService:
         if model not in self._catalog.routes and not any(
             m == model for m, _ in self._catalog.versions
         ):
-            raise NotFound(f"model '{model}' is not known to this server")
+            raise NotFound(f"Request for unknown model: '{model}' is not known to this server")
         if version:
             route = self._catalog.routes.get(model)
             known = route.versions if route else []
@@ -304,6 +330,34 @@ class InferenceService:
             triton_statistics(m, v, sum_stats(catalog.version_stats(m, v))) for m, v in sorted(keys)
         ]
 
+    async def caller(self, headers: Mapping[str, str]) -> str:
+        """The authenticated caller's tenant ('' without admission), e.g. the owner
+        of shared-memory regions.
+
+        Raises:
+            Unauthenticated: no or bad credentials.
+        """
+        if self._admission is None:
+            return ""
+        return (await self._admission.authenticator.authenticate(headers)).tenant
+
+    async def authorize_settings(self, headers: Mapping[str, str], *, change: bool) -> None:
+        """Check the caller may read (or `change`) the trace and log settings.
+
+        Raises:
+            Unauthenticated: no or bad credentials.
+            PermissionDenied: a change by a tenant not in ``settings_tenants``.
+        """
+        if self._admission is None:
+            return
+        auth = self._admission.authenticator
+        principal = await auth.authenticate(headers)
+        if change and auth.enabled and principal.tenant not in self._settings_tenants:
+            raise PermissionDenied(
+                f"tenant '{principal.tenant}' may not change the gateway's settings "
+                "(INFERBUS_GATEWAY_SETTINGS_TENANTS)"
+            )
+
     # --- inference -------------------------------------------------------------
     async def authorize(self, headers: Mapping[str, str], model: str) -> None:
         """Authenticate the caller and check it may use `model` (metadata calls).
@@ -339,6 +393,8 @@ class InferenceService:
                     headers or {}, model=request.model, interface="ModelInfer"
                 )
                 request.tenant = principal.tenant
+            if request.shm_inputs:
+                self._shm().read_inputs(request, request.tenant)
             route = self._catalog.routes.get(request.model)
             if headers and route is not None and route.sticky.startswith("header:"):
                 # The router hashes it; client header names are case-insensitive.
@@ -364,6 +420,8 @@ class InferenceService:
             reason = exc.reason if isinstance(exc, ResourceExhausted) else ""
             await self._record(request, protocol, outcome, exc.code.name, reason, t0)
             raise
+        if request.shm_outputs:
+            response = self._shm().write_outputs(request, response, request.tenant)
         answered, latency = _answered_metrics(request.model, response.version, protocol)
         answered.inc()
         latency.observe(time.perf_counter() - t0)
@@ -372,6 +430,11 @@ class InferenceService:
         await self._record(request, protocol, outcome, "OK", "", t0)
         self._observe(request, response)
         return response
+
+    def _shm(self) -> SystemSharedMemory:
+        if self.shared_memory is None:
+            raise InvalidArgument("system shared memory is not served by this gateway")
+        return self.shared_memory
 
     def _checker(self, dv: DeployedVersion) -> RequestChecker:
         """The request checker of a version's current config (a re-published config
@@ -489,6 +552,29 @@ class InferenceService:
             degraded=reason,
         )
 
+    async def _sequence_call(
+        self, dv: DeployedVersion, request: InferRequest, request_id: str, deadline_ns: int
+    ) -> Reply:
+        """Send a request of a stateful model to the worker holding its sequence."""
+        assert request.sequence is not None
+        if self.sequences is None:
+            raise Unavailable("this gateway does not serve sequence models")
+        if dv.config.max_batch_size > 0 and any(t.shape[0] != 1 for t in request.inputs):
+            raise InvalidArgument(
+                f"model '{dv.model}' is a sequence model: each request carries one row "
+                "(batch size 1) of its sequence"
+            )
+        return await self.sequences.call(
+            dv,
+            request.sequence,
+            request_id=request_id,
+            tensors=request.inputs,
+            outputs=request.outputs,
+            deadline_ns=deadline_ns,
+            traceparent=request.traceparent,
+            turn=request.turn,
+        )
+
     async def _infer(
         self, request: InferRequest, t0: float, outcome: _Outcome | None = None
     ) -> InferResponse:
@@ -499,8 +585,15 @@ class InferenceService:
         if dv.config.generative:
             raise FailedPrecondition(
                 f"model '{dv.model}' is generative; call it with the OpenAI-compatible "
-                "API (POST /v1/chat/completions or /v1/completions)"
+                "API (POST /v1/chat/completions or /v1/completions) or gRPC "
+                "ModelStreamInfer (Triton's vLLM backend inputs)"
             )
+        if dv.config.decoupled is not None and not request.streaming:
+            raise FailedPrecondition(
+                f"model '{dv.model}' is decoupled (0..n responses per request); call it "
+                "with the streaming API (gRPC ModelStreamInfer)"
+            )
+        check_sequence_request(dv, request.sequence)
         self._checker(dv).check(request.inputs, request.outputs)
         timeout_s = request.timeout_s
         if timeout_s is None:
@@ -524,21 +617,24 @@ class InferenceService:
             raise not_ready_error(dv.model, dv.version, state)
         deadline_ns = h.deadline_from_timeout(timeout_s)
         t_sent = time.perf_counter()
-        reply = await self._dispatcher.call(
-            request.model,
-            version=request.version,
-            request_id=request_id,
-            tensors=request.inputs,
-            outputs=request.outputs,
-            deadline_ns=deadline_ns,
-            priority=request.priority,
-            traceparent=request.traceparent,
-            tenant=request.tenant,
-            sticky_key=request.sticky_key,
-            route=self._catalog.routes.get(request.model),
-            max_rows=dv.config.max_batch_size,
-            received_ns=request.received_ns,
-        )
+        if request.sequence is not None:
+            reply = await self._sequence_call(dv, request, request_id, deadline_ns)
+        else:
+            reply = await self._dispatcher.call(
+                request.model,
+                version=request.version,
+                request_id=request_id,
+                tensors=request.inputs,
+                outputs=request.outputs,
+                deadline_ns=deadline_ns,
+                priority=request.priority,
+                traceparent=request.traceparent,
+                tenant=request.tenant,
+                sticky_key=request.sticky_key,
+                route=self._catalog.routes.get(request.model),
+                max_rows=dv.config.max_batch_size,
+                received_ns=request.received_ns,
+            )
         t_back = time.perf_counter()
         if outcome is not None:
             outcome.version = reply.version or outcome.version

@@ -53,6 +53,20 @@ class GatewaySettings(ServiceSettings):
     this many ms (one record per line); 0 publishes each record as its own message."""
     server_name: str = "inferbus"
     """Name reported by ServerMetadata."""
+    stream_max_in_flight: int = Field(default=256, ge=1)
+    """Requests of one ModelStreamInfer stream being served at once; the stream is
+    read no further until one finishes (gRPC flow control then holds the client)."""
+    system_shared_memory: bool = True
+    """Serve Triton's system shared-memory extension: clients on this host may name
+    POSIX shared-memory regions (``/dev/shm``) for tensors. False refuses to register
+    any region."""
+    shared_memory_max_regions: int = Field(default=1024, ge=1)
+    """Most system shared-memory regions registered at once (all tenants)."""
+    settings_tenants: list[str] = Field(default_factory=list)
+    """With authentication on, the tenants that may change the gateway's trace and
+    log settings (Triton's trace and logging extensions; JSON list in the
+    environment). Empty: nobody may. Without authentication anyone may, as in
+    Triton without restricted APIs."""
     registry_url: str = ""
     """Registry gRPC ``host:port`` for Triton's model repository extension
     (``/v2/repository/...``, RepositoryIndex/Load/Unload); empty: those calls

@@ -25,7 +25,12 @@ from google.protobuf.message import Message
 
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.datatypes import V2_TO_CONFIG
-from inferbus_common.modelconfig import ModelConfig, TensorSpec
+from inferbus_common.modelconfig import (
+    ModelConfig,
+    SequenceBatchingConfig,
+    SequenceControl,
+    TensorSpec,
+)
 from inferbus_common.modelstats import Duration, ModelStats
 
 _BACKENDS = {"onnxruntime": "onnxruntime", "tensorrt": "tensorrt", "vllm": "vllm"}
@@ -84,6 +89,57 @@ def _dynamic_batching(config: ModelConfig) -> dict[str, Any]:
     }
 
 
+_CONTROL_KINDS = {
+    "start": "CONTROL_SEQUENCE_START",
+    "ready": "CONTROL_SEQUENCE_READY",
+    "end": "CONTROL_SEQUENCE_END",
+    "corrid": "CONTROL_SEQUENCE_CORRID",
+}
+
+
+def _control(c: SequenceControl) -> dict[str, Any]:
+    control: dict[str, Any] = {"kind": _CONTROL_KINDS[c.kind]}
+    if c.kind == "corrid":
+        control["data_type"] = V2_TO_CONFIG[c.datatype]
+    elif c.datatype == "INT32":
+        control["int32_false_true"] = [int(v) for v in c.false_true]
+    elif c.datatype == "FP32":
+        control["fp32_false_true"] = list(c.false_true)
+    else:
+        control["bool_false_true"] = [bool(v) for v in c.false_true]
+    return {"name": c.name, "control": [control]}
+
+
+def _sequence_batching(seq: SequenceBatchingConfig) -> dict[str, Any]:
+    return {
+        "max_sequence_idle_microseconds": seq.max_sequence_idle_us,
+        "control_input": [_control(c) for c in seq.controls],
+        "state": [
+            {
+                "input_name": s.input,
+                "output_name": s.output,
+                "data_type": V2_TO_CONFIG[s.datatype],
+                "dims": list(s.shape),
+                "initial_state": [
+                    {
+                        "data_type": V2_TO_CONFIG[s.datatype],
+                        "dims": list(s.shape),
+                        "zero_data": True,
+                        "name": f"{s.input}_initial",
+                    }
+                ],
+            }
+            for s in seq.states
+        ],
+        "oldest": {
+            "max_candidate_sequences": seq.max_sequences,
+            "preferred_batch_size": [],
+            "max_queue_delay_microseconds": seq.max_queue_delay_us,
+            "preserve_ordering": False,
+        },
+    }
+
+
 def triton_config(name: str, dv: DeployedVersion) -> dict[str, Any]:
     """The Triton-shaped configuration of a deployed version, as JSON.
 
@@ -121,9 +177,12 @@ def triton_config(name: str, dv: DeployedVersion) -> dict[str, Any]:
             "inferbus_pool": {"string_value": config.pool},
             "inferbus_digest": {"string_value": dv.digest},
         },
-        "model_transaction_policy": {"decoupled": config.generative},
+        "model_transaction_policy": {"decoupled": config.is_decoupled},
     }
-    if batched:
+    if config.sequence_batching is not None:
+        # Triton's scheduling_choice: a sequence model has no dynamic batcher.
+        doc["sequence_batching"] = _sequence_batching(config.sequence_batching)
+    elif batched:
         doc["dynamic_batching"] = _dynamic_batching(config)
     return doc
 

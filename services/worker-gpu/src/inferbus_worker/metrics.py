@@ -99,3 +99,15 @@ CACHE_EVICTIONS = Counter(
     "inferbus_worker_cache_evictions_total",
     "Versions removed from the artifact cache to keep it under its size bound (LRU).",
 )
+
+SEQUENCES = Gauge(
+    "inferbus_worker_sequences",
+    "Sequences of a stateful version this worker holds (started, or with requests queued).",
+    _LABELS,
+)
+SEQUENCES_FREED = Counter(
+    "inferbus_worker_sequences_freed",
+    "Sequences whose state the worker dropped, by why (end: after their end request; "
+    "idle: no request for max_sequence_idle_us; stopped: the version or worker stopped).",
+    [*_LABELS, "why"],
+)

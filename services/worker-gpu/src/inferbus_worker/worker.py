@@ -2,8 +2,10 @@
 
 A `VersionHost` (catalog following, loading, heartbeat, make-before-break
 unloading) whose versions are each served by a `ModelRunner` pulling
-micro-batches. Lazy versions load on a gateway's load hint. See
-docs/architecture.md ("The request path", "Load policy").
+micro-batches, or, for a stateful (``sequence_batching``) version, by a
+`SequenceRunner` taking its sequences' requests on this worker's own
+subject. Lazy versions load on a gateway's load hint. See
+docs/architecture.md ("The request path", "Load policy", "Sequences").
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from inferbus_worker.engines import Engine, build_engine, warmup_batch_sizes
 from inferbus_worker.heartbeat import VersionKey
 from inferbus_worker.processing import build_processing
 from inferbus_worker.runner import ModelRunner
+from inferbus_worker.sequences import SequenceRunner
 from inferbus_worker.settings import WorkerSettings
 from inferbus_worker.versionhost import VersionHost
 
@@ -38,7 +41,11 @@ def _load_engine(engine: Engine, config: ModelConfig) -> None:
     engine.warmup(warmup_batch_sizes(config))
 
 
-class Worker(VersionHost[ModelRunner]):
+Runner = ModelRunner | SequenceRunner
+"""What serves one loaded version."""
+
+
+class Worker(VersionHost[Runner]):
     """One worker process's serving machinery (see module docstring).
 
     Args:
@@ -62,7 +69,7 @@ class Worker(VersionHost[ModelRunner]):
         return {f"{m}/{v}": r.stats.snapshot() for (m, v), r in self.loaded.items()}
 
     @property
-    def runners(self) -> dict[VersionKey, ModelRunner]:
+    def runners(self) -> dict[VersionKey, Runner]:
         """The runner of each loaded version."""
         return self.loaded
 
@@ -117,23 +124,28 @@ class Worker(VersionHost[ModelRunner]):
         self._lazy_requested.add(key)
         self._changed.set()
 
-    async def _open(self, key: VersionKey, dv: DeployedVersion, directory: Path) -> ModelRunner:
+    async def _open(self, key: VersionKey, dv: DeployedVersion, directory: Path) -> Runner:
         assert self._nc is not None
         engine: Engine | None = None
-        runner: ModelRunner | None = None
+        runner: Runner | None = None
         try:
             engine = build_engine(dv.config, directory, trt_cache_dir=self._trt_cache_dir)
             await asyncio.to_thread(_load_engine, engine, dv.config)
-            processing = await asyncio.to_thread(build_processing, dv.config, directory)
-            runner = ModelRunner(
-                self._nc,
-                self._nc.jetstream(),
-                self.subjects,
-                self.settings,
-                dv,
-                engine,
-                processing=processing,
-            )
+            if dv.config.sequence_batching is not None:
+                # A stateful model: requests come straight from the gateway on this
+                # worker's own subject (inferbus_worker.sequences), not the work queue.
+                runner = SequenceRunner(self._nc, self.subjects, self.instance_id, dv, engine)
+            else:
+                processing = await asyncio.to_thread(build_processing, dv.config, directory)
+                runner = ModelRunner(
+                    self._nc,
+                    self._nc.jetstream(),
+                    self.subjects,
+                    self.settings,
+                    dv,
+                    engine,
+                    processing=processing,
+                )
             await runner.start()
         except BaseException:
             if runner is not None:
@@ -144,7 +156,7 @@ class Worker(VersionHost[ModelRunner]):
         log.info("engine: %s", engine.description, extra={"model": dv.model, "version": dv.version})
         return runner
 
-    async def _close(self, key: VersionKey, served: ModelRunner, timeout_s: float) -> None:
+    async def _close(self, key: VersionKey, served: Runner, timeout_s: float) -> None:
         await served.stop()
 
     def _loaded_changed(self) -> None:

@@ -14,6 +14,8 @@ from inferbus_common.datatypes import ALL_DATATYPES, BYTES, numpy_dtype
 from inferbus_common.errors import InvalidArgument
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.classification import class_count
+from inferbus_gateway.sequences import sequence_flags
+from inferbus_gateway.sharedmemory import shm_ref
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 
 #: V2 datatype → the `InferTensorContents` field that carries it (FP16 has none).
@@ -36,6 +38,11 @@ CONTENTS_FIELD: dict[str, str] = {
 def _param_value(p: pb.InferParameter) -> object:
     kind = p.WhichOneof("parameter_choice")
     return getattr(p, kind) if kind else None
+
+
+def parameter_values(params: object) -> dict[str, object]:
+    """A protobuf parameter map as plain values."""
+    return {k: _param_value(v) for k, v in params.items()}  # type: ignore[attr-defined]
 
 
 def _typed_to_raw(t: pb.ModelInferRequest.InferInputTensor, shape: tuple[int, ...]) -> bytes:
@@ -70,12 +77,21 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
         InvalidArgument: unknown datatype, raw/typed contents that don't line up.
     """
     raw = req.raw_input_contents
-    if raw and len(raw) != len(req.inputs):
-        raise InvalidArgument(
-            f"raw_input_contents has {len(raw)} entries but the request has "
-            f"{len(req.inputs)} inputs"
-        )
+    if raw:
+        for t in req.inputs:
+            if t.HasField("contents"):
+                # Triton's wording, which its example clients look for.
+                raise InvalidArgument(
+                    f"contents field must not be specified when using raw_input_contents for "
+                    f"'{t.name}' for model '{req.model_name}'"
+                )
+        if len(raw) != len(req.inputs):
+            raise InvalidArgument(
+                f"raw_input_contents has {len(raw)} entries but the request has "
+                f"{len(req.inputs)} inputs"
+            )
     tensors = []
+    shm_inputs = {}
     for i, t in enumerate(req.inputs):
         if t.datatype not in ALL_DATATYPES:
             raise InvalidArgument(
@@ -85,12 +101,16 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
         shape = tuple(t.shape)  # int64 already
         if shape and min(shape) < 0:
             raise InvalidArgument(f"input '{t.name}': shape {list(shape)} has a negative dimension")
-        if raw:
-            if t.HasField("contents"):
+        ref = shm_ref(parameter_values(t.parameters), f"input '{t.name}'") if t.parameters else None
+        if ref is not None:
+            if t.HasField("contents") or (raw and raw[i]):  # raw: one (empty) entry per input
                 raise InvalidArgument(
-                    f"input '{t.name}': give either raw_input_contents or contents, not both"
+                    f"input '{t.name}': its data is in shared memory; send no contents for it"
                 )
-            data: bytes = raw[i]
+            shm_inputs[t.name] = ref
+            data: bytes = b""
+        elif raw:
+            data = raw[i]
         else:
             data = _typed_to_raw(t, shape)
         tensors.append(Tensor(t.name, t.datatype, shape, data))
@@ -111,25 +131,31 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
             # Triton's convention: the request parameter "timeout" is in microseconds.
             t = v / 1e6
             timeout_override = t if timeout_override is None else min(t, timeout_override)
-    outputs = req.outputs
-    classification = (
-        {
-            o.name: class_count(_param_value(o.parameters["classification"]), o.name)
-            for o in outputs
-            if "classification" in o.parameters
-        }
-        if outputs
-        else {}
-    )
+    outputs = []
+    classification: dict[str, int] = {}
+    shm_outputs = {}
+    for o in req.outputs:
+        outputs.append(o.name)
+        if not o.parameters:
+            continue
+        params = parameter_values(o.parameters)
+        if "classification" in params:
+            classification[o.name] = class_count(params["classification"], o.name)
+        ref = shm_ref(params, f"output '{o.name}'")
+        if ref is not None:
+            shm_outputs[o.name] = ref
     return InferRequest(
         model=req.model_name,
         version=req.model_version,
         id=req.id,
         inputs=tensors,
-        outputs=[o.name for o in outputs] if outputs else [],
+        outputs=outputs,
         priority=priority,
         timeout_s=timeout_override,
         classification=classification,
+        sequence=sequence_flags(parameter_values(req.parameters)) if req.parameters else None,
+        shm_inputs=shm_inputs,
+        shm_outputs=shm_outputs,
     )
 
 
@@ -137,7 +163,15 @@ def response_to_proto(resp: InferResponse) -> pb.ModelInferResponse:
     """`ModelInferResponse` with raw output contents and stage timings as parameters."""
     out = pb.ModelInferResponse(model_name=resp.model, model_version=resp.version, id=resp.id)
     for t in resp.outputs:
-        out.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        entry = out.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        ref = resp.shm_outputs.get(t.name)
+        if ref is not None:
+            # In shared memory: named there, no bytes in the answer (as Triton).
+            entry.parameters["shared_memory_region"].string_param = ref.region
+            entry.parameters["shared_memory_byte_size"].int64_param = ref.byte_size
+            if ref.offset:
+                entry.parameters["shared_memory_offset"].int64_param = ref.offset
+            continue
         out.raw_output_contents.append(bytes(t.data))
     for stage, ms in resp.timings_ms.items():
         out.parameters[f"inferbus_{stage}_us"].int64_param = int(ms * 1000)

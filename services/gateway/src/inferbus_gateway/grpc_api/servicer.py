@@ -8,12 +8,22 @@ from typing import TypeVar
 
 import grpc
 
-from inferbus_common.errors import InferbusError, ResourceExhausted, Unavailable, status_of
-from inferbus_gateway.access import RequestScope
+from inferbus_common.errors import (
+    InferbusError,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+    Unimplemented,
+    status_of,
+)
 from inferbus_gateway.classification import Classifier
-from inferbus_gateway.grpc_api.converters import request_from_proto, response_to_proto
+from inferbus_gateway.generation import GenerationService
+from inferbus_gateway.grpc_api.converters import response_to_proto
+from inferbus_gateway.grpc_api.stream import StreamHandler, infer_one
 from inferbus_gateway.repository import RepositoryExtension
 from inferbus_gateway.service import InferenceService
+from inferbus_gateway.sharedmemory import CUDA_UNSUPPORTED, SystemSharedMemory
+from inferbus_gateway.tracelog import LogSettings, TraceSettings
 from inferbus_gateway.triton import to_proto
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 from inferbus_proto.v2 import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -48,8 +58,25 @@ def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
 
 
+def _log_value(value: object) -> pb.LogSettingsResponse.SettingValue:
+    if isinstance(value, bool):
+        return pb.LogSettingsResponse.SettingValue(bool_param=value)
+    if isinstance(value, int):
+        return pb.LogSettingsResponse.SettingValue(uint32_param=value)
+    return pb.LogSettingsResponse.SettingValue(string_param=str(value))
+
+
 class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    """KServe V2 gRPC servicer."""
+    """KServe V2 gRPC servicer.
+
+    Args:
+        service: the protocol-neutral gateway.
+        access_log: write one access-log line per inference request.
+        repository: Triton's model repository extension (None: UNAVAILABLE).
+        classifier: Triton's classification extension (None: refused).
+        generation: the generative path, for generative models on ModelStreamInfer.
+        stream_max_in_flight: requests of one stream served at once.
+    """
 
     def __init__(
         self,
@@ -58,11 +85,20 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         access_log: bool = True,
         repository: RepositoryExtension | None = None,
         classifier: Classifier | None = None,
+        generation: GenerationService | None = None,
+        stream_max_in_flight: int = 256,
     ) -> None:
         self._service = service
         self._access_log = access_log
         self._repository = repository
         self._classifier = classifier
+        self._stream = StreamHandler(
+            service,
+            generation=generation,
+            classifier=classifier,
+            access_log=access_log,
+            max_in_flight=stream_max_in_flight,
+        )
 
     # --- Triton's model repository extension (inferbus_gateway.repository) ----------
     def _repo(self) -> RepositoryExtension:
@@ -172,24 +208,142 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Run one inference request."""
 
         async def run() -> pb.ModelInferResponse:
-            headers = _metadata(context)
-            scope = RequestScope(
-                "grpc", request.model_name, headers.get("traceparent", ""), self._access_log
+            _, response = await infer_one(
+                self._service,
+                self._classifier,
+                request,
+                _metadata(context),
+                context,
+                access_log=self._access_log,
             )
-            with scope:
-                canonical = request_from_proto(request, context.time_remaining())
-                canonical.traceparent = scope.traceparent
-                scope.request = canonical
-                response = await self._service.infer(canonical, "grpc", headers)
-                scope.response = response
-                if canonical.classification:
-                    if self._classifier is None:
-                        raise Unavailable(
-                            "the classification extension needs the registry (labels files)"
-                        )
-                    await self._classifier.apply(canonical, response)
             if response.degraded:
                 context.set_trailing_metadata((("x-inferbus-degraded", response.degraded),))
             return response_to_proto(response)
+
+        return await _guard(context, run)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Triton's streaming inference (`inferbus_gateway.grpc_api.stream`)."""
+        async for response in self._stream.serve(request_iterator, context):
+            yield response
+
+    # --- Triton's shared-memory extensions (inferbus_gateway.sharedmemory) ----------
+    def _shm(self) -> SystemSharedMemory:
+        if self._service.shared_memory is None:
+            raise Unavailable("system shared memory is not served by this gateway")
+        return self._service.shared_memory
+
+    async def SystemSharedMemoryStatus(self, request, context):
+        """Registered system shared-memory regions (one, or all of the caller's)."""
+
+        async def run() -> pb.SystemSharedMemoryStatusResponse:
+            owner = await self._service.caller(_metadata(context))
+            resp = pb.SystemSharedMemoryStatusResponse()
+            for region in self._shm().status(owner, request.name):
+                resp.regions[str(region["name"])].CopyFrom(
+                    pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+                )
+            return resp
+
+        return await _guard(context, run)
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        """Register a region of a POSIX shared-memory object."""
+
+        async def run() -> pb.SystemSharedMemoryRegisterResponse:
+            owner = await self._service.caller(_metadata(context))
+            self._shm().register(
+                owner, request.name, request.key, request.offset, request.byte_size
+            )
+            return pb.SystemSharedMemoryRegisterResponse()
+
+        return await _guard(context, run)
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        """Unregister a region (every region of the caller when no name is given)."""
+
+        async def run() -> pb.SystemSharedMemoryUnregisterResponse:
+            owner = await self._service.caller(_metadata(context))
+            self._shm().unregister(owner, request.name)
+            return pb.SystemSharedMemoryUnregisterResponse()
+
+        return await _guard(context, run)
+
+    async def CudaSharedMemoryStatus(self, request, context):
+        """No CUDA regions are ever registered: an empty status (a named one is unknown)."""
+
+        async def run() -> pb.CudaSharedMemoryStatusResponse:
+            await self._service.caller(_metadata(context))
+            if request.name:
+                raise Unimplemented(CUDA_UNSUPPORTED)
+            return pb.CudaSharedMemoryStatusResponse()
+
+        return await _guard(context, run)
+
+    async def CudaSharedMemoryRegister(self, request, context):
+        """Refused: CUDA shared memory is not supported (UNIMPLEMENTED, naming the extension)."""
+
+        async def run() -> pb.CudaSharedMemoryRegisterResponse:
+            raise Unimplemented(CUDA_UNSUPPORTED)
+
+        return await _guard(context, run)
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        """Nothing to unregister: every call succeeds but a named region, which is unknown."""
+
+        async def run() -> pb.CudaSharedMemoryUnregisterResponse:
+            await self._service.caller(_metadata(context))
+            if request.name:
+                raise Unimplemented(CUDA_UNSUPPORTED)
+            return pb.CudaSharedMemoryUnregisterResponse()
+
+        return await _guard(context, run)
+
+    # --- Triton's trace and logging extensions (inferbus_gateway.tracelog) ----------
+    def _trace(self) -> TraceSettings:
+        if self._service.trace is None:
+            raise Unavailable("trace settings are not served by this gateway")
+        return self._service.trace
+
+    def _logs(self) -> LogSettings:
+        if self._service.log_settings is None:
+            raise Unavailable("log settings are not served by this gateway")
+        return self._service.log_settings
+
+    async def TraceSetting(self, request, context):
+        """Read or change the trace settings (global, or of one model)."""
+
+        async def run() -> pb.TraceSettingResponse:
+            changes = {k: list(v.value) for k, v in request.settings.items()}
+            await self._service.authorize_settings(_metadata(context), change=bool(changes))
+            if request.model_name:
+                self._service.resolve(request.model_name)
+            trace = self._trace()
+            doc = trace.update(request.model_name, changes) if changes else None
+            doc = doc or trace.get(request.model_name)
+            resp = pb.TraceSettingResponse()
+            for key, values in doc.items():
+                resp.settings[key].value.extend(values)
+            return resp
+
+        return await _guard(context, run)
+
+    async def LogSettings(self, request, context):
+        """Read or change the log settings."""
+
+        async def run() -> pb.LogSettingsResponse:
+            changes = {}
+            for key, value in request.settings.items():
+                kind = value.WhichOneof("parameter_choice")
+                if kind is None:
+                    raise InvalidArgument(f"log setting '{key}' has no value")
+                changes[key] = getattr(value, kind)
+            await self._service.authorize_settings(_metadata(context), change=bool(changes))
+            logs = self._logs()
+            doc = logs.update(changes) if changes else logs.get()
+            resp = pb.LogSettingsResponse()
+            for key, value in doc.items():
+                resp.settings[key].CopyFrom(_log_value(value))
+            return resp
 
         return await _guard(context, run)

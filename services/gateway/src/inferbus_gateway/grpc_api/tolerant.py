@@ -17,17 +17,29 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from inferbus_common.errors import InvalidArgument
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 
 SERVICE = "inference.GRPCInferenceService"
 
 
-class _Undecodable:
+class Undecodable:
     """Stands in for a request whose bytes are not a valid message."""
 
     def __init__(self, type_name: str, error: str) -> None:
         self.type_name = type_name
         self.error = error
+
+    def message(self) -> str:
+        """What the client is told."""
+        return (
+            f"the request is not a valid {self.type_name} protobuf message "
+            f"({self.error[:200]}); check the client's serialization"
+        )
+
+    def error_for_client(self) -> InvalidArgument:
+        """The INVALID_ARGUMENT error a stream answers such a message with."""
+        return InvalidArgument(self.message())
 
 
 def _tolerant(cls: type[Message]) -> Callable[[bytes], Any]:
@@ -35,7 +47,7 @@ def _tolerant(cls: type[Message]) -> Callable[[bytes], Any]:
         try:
             return cls.FromString(data)
         except (DecodeError, ValueError, RuntimeError) as exc:
-            return _Undecodable(cls.DESCRIPTOR.full_name, str(exc))
+            return Undecodable(cls.DESCRIPTOR.full_name, str(exc))
 
     return deserialize
 
@@ -44,12 +56,8 @@ def _guarded(
     impl: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if isinstance(request, _Undecodable):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"the request is not a valid {request.type_name} protobuf message "
-                f"({request.error[:200]}); check the client's serialization",
-            )
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message())
         return await impl(request, context)
 
     return handler
@@ -64,6 +72,15 @@ def add_servicer_to_server(servicer: Any, server: grpc.aio.Server) -> None:
     ].methods_by_name.items():
         request_cls = getattr(pb, method.input_type.name)
         response_cls = getattr(pb, method.output_type.name)
+        if method.client_streaming and method.server_streaming:
+            # Stream items that do not parse reach the handler as `Undecodable`
+            # and are answered with an error message on the stream.
+            handlers[name] = grpc.stream_stream_rpc_method_handler(
+                getattr(servicer, name),
+                request_deserializer=_tolerant(request_cls),
+                response_serializer=response_cls.SerializeToString,
+            )
+            continue
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             _guarded(getattr(servicer, name)),
             request_deserializer=_tolerant(request_cls),

@@ -41,6 +41,7 @@ from inferbus_gateway.rest.compression import (
     decompress,
     response_encoding,
 )
+from inferbus_gateway.rest.extensions import extension_routes
 from inferbus_gateway.rest.openai import error_body, openai_routes
 from inferbus_gateway.rest.repository import repository_routes
 from inferbus_gateway.service import InferenceService
@@ -197,7 +198,9 @@ def rest_app(
 
     async def infer(request: Request) -> Response:
         p = request.path_params
-        scope = RequestScope("http", p["model"], request.headers.get("traceparent", ""), access_log)
+        scope = RequestScope(
+            "http", p["model"], request.headers.get("traceparent", ""), access_log, service.trace
+        )
         try:
             scope.start()
             declared = request.headers.get("content-length")
@@ -264,6 +267,7 @@ def rest_app(
             Route("/v2/health/live", live),
             Route("/v2/health/ready", ready),
             Route("/v2", server_metadata),
+            Route("/v2/", server_metadata),  # as the Open Inference Protocol spec writes it
             Route("/v2/models/stats", model_stats),
             Route("/v2/models/{model}/stats", model_stats),
             Route("/v2/models/{model}/versions/{version}/stats", model_stats),
@@ -275,6 +279,8 @@ def rest_app(
             Route("/v2/models/{model}/versions/{version}/ready", model_ready),
             Route("/v2/models/{model}/infer", infer, methods=["POST"]),
             Route("/v2/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
+            # Triton's shared-memory, trace and logging extensions.
+            *extension_routes(service),
             # Triton's model repository extension (when the registry address is set).
             *(repository_routes(repository) if repository is not None else []),
             # OpenAI-compatible generative endpoints (/v1/...).

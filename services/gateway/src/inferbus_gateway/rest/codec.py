@@ -25,6 +25,8 @@ from inferbus_common.datatypes import ALL_DATATYPES, BYTES, numpy_dtype
 from inferbus_common.errors import InvalidArgument
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.classification import class_count
+from inferbus_gateway.sequences import sequence_flags
+from inferbus_gateway.sharedmemory import shm_ref
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -135,6 +137,7 @@ def request_from_http(
         raise InvalidArgument("request must have a non-empty 'inputs' list")
     offset = 0
     tensors = []
+    shm_inputs = {}
     for item in inputs:
         if not isinstance(item, dict):
             raise InvalidArgument("each input must be a JSON object")
@@ -152,8 +155,18 @@ def request_from_http(
             raise InvalidArgument(f"input '{name}': shape must be a list of non-negative ints")
         shape_t = tuple(shape)
         params = item.get("parameters") or {}
-        size = params.get("binary_data_size") if isinstance(params, dict) else None
-        if size is not None:
+        if not isinstance(params, dict):
+            raise InvalidArgument(f"input '{name}': 'parameters' must be a JSON object")
+        size = params.get("binary_data_size")
+        ref = shm_ref(params, f"input '{name}'")
+        if ref is not None:
+            if "data" in item or size is not None:
+                raise InvalidArgument(
+                    f"input '{name}': its data is in shared memory; send no data for it"
+                )
+            shm_inputs[name] = ref
+            data: bytes | memoryview = b""
+        elif size is not None:
             if "data" in item:
                 raise InvalidArgument(
                     f"input '{name}': give either 'data' or parameters.binary_data_size, not both"
@@ -163,7 +176,7 @@ def request_from_http(
                     f"input '{name}': binary_data_size {size} does not fit the "
                     f"{len(binary)} bytes of binary data after the JSON header"
                 )
-            data: bytes | memoryview = binary[offset : offset + size]
+            data = binary[offset : offset + size]
             offset += size
             check_raw_size(name, datatype, shape_t, data)
         else:
@@ -181,6 +194,7 @@ def request_from_http(
     binary_all = bool(req_params.get("binary_data_output", False))
     outputs, binary_outputs = [], set()
     classification: dict[str, int] = {}
+    shm_outputs = {}
     requested = doc.get("outputs") or []
     if not isinstance(requested, list):
         raise InvalidArgument("'outputs' must be a list of objects with a 'name'")
@@ -189,10 +203,15 @@ def request_from_http(
             raise InvalidArgument("each requested output must be an object with a 'name'")
         outputs.append(out["name"])
         op = out.get("parameters") or {}
-        if isinstance(op, dict) and op.get("binary_data"):
+        if not isinstance(op, dict):
+            raise InvalidArgument(f"output '{out['name']}': 'parameters' must be a JSON object")
+        if op.get("binary_data"):
             binary_outputs.add(out["name"])
-        if isinstance(op, dict) and "classification" in op:
+        if "classification" in op:
             classification[out["name"]] = class_count(op["classification"], out["name"])
+        ref = shm_ref(op, f"output '{out['name']}'")
+        if ref is not None:
+            shm_outputs[out["name"]] = ref
     priority = _int_parameter(req_params, "priority")
     timeout_param = _int_parameter(req_params, "timeout")
     if timeout_param > 0:
@@ -210,6 +229,9 @@ def request_from_http(
         priority=priority,
         timeout_s=timeout_s,
         classification=classification,
+        sequence=sequence_flags(req_params),
+        shm_inputs=shm_inputs,
+        shm_outputs=shm_outputs,
     )
     return req, binary_outputs, binary_all
 
@@ -238,7 +260,15 @@ def response_to_http(
     blobs: list[bytes | memoryview] = []
     for t in resp.outputs:
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-        if binary_all or t.name in binary_outputs:
+        ref = resp.shm_outputs.get(t.name)
+        if ref is not None:
+            # In shared memory: named there, no data in the answer (as Triton).
+            entry["parameters"] = {
+                "shared_memory_region": ref.region,
+                "shared_memory_byte_size": ref.byte_size,
+                **({"shared_memory_offset": ref.offset} if ref.offset else {}),
+            }
+        elif binary_all or t.name in binary_outputs:
             entry["parameters"] = {"binary_data_size": t.nbytes}
             blobs.append(t.data)
         else:

@@ -25,7 +25,8 @@ MAX_BODY = 1 << 20
 """Repository requests are small; a larger body is refused."""
 
 
-def _error(exc: BaseException) -> Response:
+def error_response(exc: BaseException) -> Response:
+    """An error as Triton's REST answers it: ``{"error": message}`` with its status."""
     code, message = status_of(exc)
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else {}
     return JSONResponse({"error": message}, status_code=code.http_status, headers=headers)
@@ -60,10 +61,10 @@ def repository_routes(ext: RepositoryExtension) -> list[Route]:
                 raise InvalidArgument('"ready" must be true or false')
             entries = await ext.run("index", lambda: ext.index(request.headers, ready_only=ready))
         except InferbusError as exc:
-            return _error(exc)
+            return error_response(exc)
         except Exception as exc:
             log.exception("unhandled error in repository index")
-            return _error(exc)
+            return error_response(exc)
         return JSONResponse([e.as_json() for e in entries])
 
     async def load(request: Request) -> Response:
@@ -72,10 +73,10 @@ def repository_routes(ext: RepositoryExtension) -> list[Route]:
             params = (await _body(request)).get("parameters", {})
             await ext.run("load", lambda: ext.load(request.headers, model, params))
         except InferbusError as exc:
-            return _error(exc)
+            return error_response(exc)
         except Exception as exc:
             log.exception("unhandled error in repository load")
-            return _error(exc)
+            return error_response(exc)
         return Response(status_code=200)
 
     async def unload(request: Request) -> Response:
@@ -84,10 +85,10 @@ def repository_routes(ext: RepositoryExtension) -> list[Route]:
             await _body(request)  # parameters (e.g. unload_dependents) have no effect here
             await ext.run("unload", lambda: ext.unload(request.headers, model))
         except InferbusError as exc:
-            return _error(exc)
+            return error_response(exc)
         except Exception as exc:
             log.exception("unhandled error in repository unload")
-            return _error(exc)
+            return error_response(exc)
         return Response(status_code=200)
 
     return [
