@@ -141,8 +141,12 @@ async def test_catalog_follows_a_bucket_whose_watcher_node_died(cluster: NatsClu
             seen = await catalog.wait_for(lambda: catalog.workers["w1"].pid == n, 20.0)
             lag = time.monotonic() - t_write
             assert seen, "the catalog stopped following the bucket"
-            # nats-py's own heartbeat-based reset comes about 20 s after the kill.
-            assert lag < 8.0, (
+            # The catalog's own probe found the consumer gone and watched again (nats-py's
+            # heartbeat-based reset would come 10-20 s after the kill). How fast that was
+            # depends on the machine (a loaded CI box stretches the JetStream calls):
+            # typically 1-5 s; the bound only catches the catalog waiting for nats-py.
+            assert catalog.lost_watches >= 1, "the probe never found the watcher's consumer gone"
+            assert lag < 15.0, (
                 f"the catalog had the update {lag:.1f} s after it was written "
                 f"({t_write - t_kill:.1f} s after the node died)"
             )

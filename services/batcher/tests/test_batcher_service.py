@@ -166,14 +166,14 @@ class Harness:
         requests: list[tuple[int, bytes]],
         *,
         deadline_ns: int | None = None,
-        received_ns: int = 0,
+        held_ns: int = 0,
         model: str = MODEL,
         version: str = VERSION,
     ) -> None:
         """One request bundle of (token, frame); replies come to ``<inbox>.b``."""
         deadline = deadline_ns if deadline_ns is not None else time.time_ns() + 30_000_000_000
         entries = [
-            BundledRequest(token, f"tok-{token}", deadline, received_ns) for token, _ in requests
+            BundledRequest(token, f"tok-{token}", deadline, held_ns) for token, _ in requests
         ]
         await self.nc.publish(
             self.subjects.infer(model, version),
@@ -423,9 +423,9 @@ async def test_a_request_bundle_becomes_a_micro_batch_with_tokens(harness: Harne
             frame, data = rows_payload(token, 2 if token == 3 else 1)
             sent[token] = data
             frames.append((token, frame))
-        # The gateway took them 30 ms ago: more than the 20 ms delay, so the
-        # batcher sends them at once instead of waiting for more.
-        await harness.send_bundle(frames, received_ns=time.time_ns() - 30_000_000)
+        # They waited 30 ms in the gateway's bundle: more than the 20 ms delay, so
+        # the batcher sends them at once instead of waiting for more.
+        await harness.send_bundle(frames, held_ns=30_000_000)
         batches = await harness.batches(5, timeout=2.0)
     assert harness.replies == {} and harness.bundle_replies == []
     assert len(batches) == 1

@@ -25,7 +25,7 @@ REPLY_BUNDLE_MAGIC = b"IBR1"
 
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
-# Request entry: token, deadline, received, frame length, priority, mirror token.
+# Request entry: token, deadline, held, frame length, priority, mirror token.
 _REQUEST = struct.Struct("<QqqIBQ")
 # Reply entry: token, queue time (ms), frame length.
 _REPLY = struct.Struct("<QfI")
@@ -43,8 +43,8 @@ class BundledRequest:
             reply names it.
         request_id: the request's id (logs, de-duplication).
         deadline_ns: absolute deadline, unix ns.
-        received_ns: when the gateway took the request, unix ns: the model's
-            batching delay counts from here (0 = unknown).
+        held_ns: how long the request waited in the sender's open bundle (ns):
+            the model's batching delay counts it as time already waited.
         priority: priority level (0 = the model's default).
         outputs: requested output names (empty = all).
         traceparent: W3C trace context.
@@ -59,7 +59,7 @@ class BundledRequest:
     token: int
     request_id: str
     deadline_ns: int
-    received_ns: int = 0
+    held_ns: int = 0
     priority: int = 0
     outputs: tuple[str, ...] = ()
     traceparent: str = ""
@@ -193,7 +193,7 @@ def encode_request_bundle(
     pack = _REQUEST.pack
     for r, parts in zip(requests, frames, strict=True):
         head.append(
-            pack(r.token, r.deadline_ns, r.received_ns, _size(parts), r.priority, r.mirror_token)
+            pack(r.token, r.deadline_ns, r.held_ns, _size(parts), r.priority, r.mirror_token)
         )
         _put_str(head, r.request_id)
         _put_str(head, ",".join(r.outputs))
@@ -226,7 +226,7 @@ def decode_request_bundle(data: Buffer) -> RequestBundle:
         lengths: list[int] = []
         unpack, size = _REQUEST.unpack_from, _REQUEST.size
         for _ in range(n):
-            token, deadline, received, frame_len, priority, mirror_token = unpack(view, offset)
+            token, deadline, held, frame_len, priority, mirror_token = unpack(view, offset)
             offset += size
             rid, offset = _get_str(view, offset)
             outs, offset = _get_str(view, offset)
@@ -240,7 +240,7 @@ def decode_request_bundle(data: Buffer) -> RequestBundle:
                     token,
                     rid,
                     deadline,
-                    received,
+                    held,
                     priority,
                     split_outputs(outs),
                     tp,

@@ -347,6 +347,8 @@ class Catalog:
         self._max_age = heartbeat_max_age_s
         self._on_change = on_change
         self._probe_interval_s = probe_interval_s
+        self.lost_watches = 0
+        """Buckets watched again because their watcher's consumer was found gone."""
         self._start_timeout_s = start_timeout_s
         self.versions: dict[tuple[str, str], DeployedVersion] = {}
         self.routes: dict[str, Route] = {}
@@ -460,6 +462,7 @@ class Catalog:
                     if await self._watch_lost(watcher):
                         lost.append(bucket)
                 why = "its consumer was lost (a NATS node went away)"
+                self.lost_watches += len(lost)
             if not lost:
                 continue
             try:

@@ -470,10 +470,9 @@ class Batcher:
         tensors = decode_tensors(r.frame)
         state.checker.check(tensors, r.outputs, trusted=True)
         rows = tensors[0].shape[0] if tensors[0].shape else 1
-        # The batching delay counts from when the gateway took the request: time
-        # spent filling its bundle is time spent waiting for a batch. Clocks of
-        # other hosts may be off, so the credit is at most one delay.
-        waited = min(max(now_wall - r.received_ns, 0), queue.delay_ns) if r.received_ns else 0
+        # Time the request spent filling its gateway's bundle is time spent waiting
+        # for a batch: it counts against the delay (at most one delay of credit).
+        waited = min(r.held_ns, queue.delay_ns)
         span = None
         if tracing.enabled() and tracing.is_sampled(r.traceparent):
             span = self._start_span(

@@ -44,9 +44,6 @@ class InferRequest:
     """Set by admission control from the authenticated caller."""
     sticky_key: str = ""
     """Value of the client header the model's route is sticky on (``header:<Name>``)."""
-    received_ns: int = 0
-    """When the gateway took the request (unix ns): the model's batching delay counts
-    from here (0: when `InferenceService.infer` starts)."""
     classification: dict[str, int] = field(default_factory=dict)
     """Output name → number of top classes to answer instead of the tensor
     (Triton's classification extension, `inferbus_gateway.classification`)."""

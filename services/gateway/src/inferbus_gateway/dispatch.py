@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -160,6 +161,8 @@ class _Call:
     key: str
     size: int = 0
     token: int = 0
+    opened_ns: int = 0
+    """Monotonic time the call joined its bundle."""
 
 
 @dataclass(slots=True, eq=False)
@@ -358,7 +361,6 @@ class Dispatcher:
         route: Route | None = None,
         window_s: float | None = None,
         max_rows: int = 0,
-        received_ns: int = 0,
     ) -> Reply:
         """Send a request and wait for its reply until `deadline_ns`.
 
@@ -418,7 +420,7 @@ class Dispatcher:
                 0,
                 request_id,
                 deadline_ns,
-                received_ns,
+                0,
                 priority,
                 tuple(outputs),
                 traceparent,
@@ -496,6 +498,7 @@ class Dispatcher:
                 HELD_BUNDLES.inc()
                 window = self._window_s if window_s is None else min(window_s, self._window_s)
                 bundle.timer = asyncio.get_running_loop().call_later(window, self._flush, key)
+        call.opened_ns = time.monotonic_ns()
         bundle.calls.append(call)
         self._waiting += 1
         IN_FLIGHT.value = self._waiting
@@ -538,8 +541,11 @@ class Dispatcher:
             return None
         first = self._next_token
         self._next_token += len(calls)
+        now = time.monotonic_ns()
         for i, call in enumerate(calls):
             call.token = call.request.token = first + i
+            # Time spent filling this bundle counts against the model's batching delay.
+            call.request.held_ns = now - call.opened_ns
             self._pending[call.token] = call
         BUNDLE_REQUESTS.observe(len(calls))
         try:

@@ -383,8 +383,6 @@ class InferenceService:
             InferbusError: with the status the client should see.
         """
         t0 = time.perf_counter()
-        if not request.received_ns:
-            request.received_ns = time.time_ns()
         outcome = _Outcome(request_id=request.id or _new_id(), version=request.version)
         admission = self._admission
         try:
@@ -633,7 +631,6 @@ class InferenceService:
                 sticky_key=request.sticky_key,
                 route=self._catalog.routes.get(request.model),
                 max_rows=dv.config.max_batch_size,
-                received_ns=request.received_ns,
             )
         t_back = time.perf_counter()
         if outcome is not None:

@@ -341,7 +341,7 @@ class Router:
                             r.mirror_token,
                             r.request_id,
                             r.deadline_ns,
-                            r.received_ns,
+                            r.held_ns,
                             r.priority,
                             r.outputs,
                             r.traceparent,
