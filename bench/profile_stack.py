@@ -56,10 +56,11 @@ SAMPLER = Path(__file__).resolve().parent / "sampler"
 
 
 def parse_arm(text: str) -> tuple[str, dict[str, str]]:
-    """``name:KEY=V,KEY2=V2`` → (name, env)."""
+    """``name:KEY=V,KEY2=V2`` → (name, env); ``|`` separates instead of ``,`` when
+    present (for values with commas: ``name:A=[1,2]|B=3``)."""
     name, _, rest = text.partition(":")
     env: dict[str, str] = {}
-    for item in filter(None, rest.split(",")):
+    for item in filter(None, rest.split("|" if "|" in rest else ",")):
         key, _, value = item.partition("=")
         env[key.strip()] = value.strip()
     return name, env

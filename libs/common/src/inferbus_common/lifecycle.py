@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import gc
 import logging
 import os
 import signal
@@ -28,14 +29,22 @@ def stop_event_on_signals() -> asyncio.Event:
     return stop
 
 
-def run(main: Callable[[], Coroutine[Any, Any, None]], *, use_uvloop: bool = True) -> None:
+def run(
+    main: Callable[[], Coroutine[Any, Any, None]],
+    *,
+    use_uvloop: bool = True,
+    gc_thresholds: tuple[int, int, int] | None = None,
+) -> None:
     """Run a service's async main on uvloop (when available and wanted).
 
     A crash in native code (a segfault in an engine, say) prints every
     thread's Python stack to stderr (the service log) before the process dies,
-    so it can be told apart from a kill.
+    so it can be told apart from a kill. `gc_thresholds` are set first
+    (``ServiceSettings.gc_thresholds``).
     """
     faulthandler.enable()
+    if gc_thresholds is not None:
+        gc.set_threshold(*gc_thresholds)
     if use_uvloop:
         try:
             import uvloop

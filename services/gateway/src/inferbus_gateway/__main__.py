@@ -238,7 +238,11 @@ def main() -> None:
     setup_logging("gateway", settings.log_level, settings.log_format)
     tracing.setup_tracing("gateway", settings, settings.instance_id)
     try:
-        lifecycle.run(lambda: serve(settings), use_uvloop=settings.use_uvloop)
+        lifecycle.run(
+            lambda: serve(settings),
+            use_uvloop=settings.use_uvloop,
+            gc_thresholds=settings.gc_thresholds,
+        )
     finally:
         tracing.shutdown_tracing()
 

@@ -19,7 +19,11 @@ def main() -> None:
     """Entry point: settings once, logging, then the event loop."""
     settings = RegistrySettings()
     setup_logging("registry", settings.log_level, settings.log_format)
-    run(lambda: serve(settings), use_uvloop=settings.use_uvloop)
+    run(
+        lambda: serve(settings),
+        use_uvloop=settings.use_uvloop,
+        gc_thresholds=settings.gc_thresholds,
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,11 @@ def main() -> None:
     tracing.setup_tracing("worker", settings, settings.instance_id)
     register_nvml_collector()
     try:
-        run(lambda: serve(settings), use_uvloop=settings.use_uvloop)
+        run(
+            lambda: serve(settings),
+            use_uvloop=settings.use_uvloop,
+            gc_thresholds=settings.gc_thresholds,
+        )
     finally:
         tracing.shutdown_tracing()
 

@@ -42,7 +42,7 @@ def main() -> None:
     async def _serve() -> None:
         status.append(await serve(settings))
 
-    run(_serve, use_uvloop=settings.use_uvloop)
+    run(_serve, use_uvloop=settings.use_uvloop, gc_thresholds=settings.gc_thresholds)
     if status and status[0]:
         sys.exit(status[0])
 
