@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cpu_window import proc_cpu_s
+from profile_stack import loadgen_argv
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,11 +71,6 @@ def serve() -> None:
     uvloop.run(main())
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(load: str, duration: float, warmup: float) -> dict:
     """One loadgen run against a fresh bare server; req/s, busy cores, CPU µs/req."""
     server = subprocess.Popen(
@@ -82,29 +81,16 @@ def measure(load: str, duration: float, warmup: float) -> dict:
         if not port:
             raise RuntimeError("the bare server did not start")
         client = subprocess.Popen(
-            [
-                sys.executable,
-                "bench/loadgen.py",
-                "--url",
-                f"127.0.0.1:{port}",
-                "--model",
-                "fraud",
-                "--rate" if load.startswith("r") else "--concurrency",
-                load[1:],
-                "--duration",
-                str(duration),
-                "--warmup",
-                str(warmup),
-            ],
+            loadgen_argv(f"127.0.0.1:{port}", "fraud", load, duration, warmup),
             stdout=subprocess.PIPE,
             text=True,
             cwd=REPO,
         )
         # Sample inside the measured window: after warm-up (plus client start), before its end.
         time.sleep(warmup + 0.5)
-        c0, t0 = _cpu_s(server.pid), time.monotonic()
+        c0, t0 = proc_cpu_s(server.pid), time.monotonic()
         time.sleep(max(0.5, duration - 1.0))
-        c1, t1 = _cpu_s(server.pid), time.monotonic()
+        c1, t1 = proc_cpu_s(server.pid), time.monotonic()
         out, _ = client.communicate()
         lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
         if not lines:

@@ -66,9 +66,10 @@ def parse_arm(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def loadgen(url: str, model: str, load: str, duration: float, warmup: float) -> dict:
-    """One gRPC run, closed loop (`load` ``c<N>``) or open loop (``r<req/s>``); its JSON line."""
-    argv = [
+def loadgen_argv(url: str, model: str, load: str, duration: float, warmup: float) -> list[str]:
+    """`bench/loadgen.py`'s command line for one gRPC run: closed loop (`load` ``c<N>``)
+    or open loop (``r<req/s>``); run from the repository root."""
+    return [
         PYTHON,
         "bench/loadgen.py",
         "--url",
@@ -82,6 +83,11 @@ def loadgen(url: str, model: str, load: str, duration: float, warmup: float) -> 
         "--warmup",
         str(warmup),
     ]
+
+
+def loadgen(url: str, model: str, load: str, duration: float, warmup: float) -> dict:
+    """One gRPC run, closed loop (`load` ``c<N>``) or open loop (``r<req/s>``); its JSON line."""
+    argv = loadgen_argv(url, model, load, duration, warmup)
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False)
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     if not lines:

@@ -41,8 +41,7 @@ from inferbus_testing.chaos import (
     ChaosStack,
     ClusterChaosStack,
     Shape,
-    environment,
-    make_models,
+    ready_stack,
     run_fault,
 )
 from inferbus_testing.overload import measure_capacity, run_flood
@@ -58,16 +57,7 @@ def run_matrix_and_overload(quick: bool, flood_s: float) -> tuple[list[dict], li
     faults: list[dict[str, Any]] = []
     floods: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ib-reliability-") as tmp:
-        base = Path(tmp)
-        fraud, slow = make_models(REPO, base / "models")
-        stack = ChaosStack(base / "stack", env=environment())
-        stack.model_dir = fraud
-        with stack:
-            stack.set_cluster_limit(1e6)
-            stack.push(fraud, "fraud")
-            stack.push(slow, SLOW_MODEL)
-            stack.wait_model_ready("fraud")
-            stack.wait_model_ready(SLOW_MODEL)
+        with ready_stack(ChaosStack, REPO, Path(tmp), with_slow=True) as stack:
             for fault in FAULTS.values():
                 crashes_before = len(stack.start_crashes)
                 report = asyncio.run(run_fault(stack, fault, shape))
@@ -109,14 +99,7 @@ def run_cluster_faults(quick: bool) -> list[dict]:
     shape = Shape.ci() if quick else Shape.long()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ib-reliability-cluster-") as tmp:
-        base = Path(tmp)
-        fraud, _slow = make_models(REPO, base / "models")
-        stack = ClusterChaosStack(base / "stack", env=environment())
-        stack.model_dir = fraud
-        with stack:
-            stack.set_cluster_limit(1e6)
-            stack.push(fraud, "fraud")
-            stack.wait_model_ready("fraud")
+        with ready_stack(ClusterChaosStack, REPO, Path(tmp)) as stack:
             for fault in CLUSTER_FAULTS.values():
                 report = asyncio.run(run_fault(stack, fault, shape))
                 row = report.row()

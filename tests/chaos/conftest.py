@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from inferbus_testing.chaos import SLOW_MODEL, ChaosStack, environment, make_models
+from inferbus_testing.chaos import ChaosStack, ready_stack
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,13 +22,5 @@ REPO = Path(__file__).resolve().parents[2]
 def chaos_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosStack]:
     """The whole platform, both models ready, a (high) cluster limit set in Redis."""
     base = tmp_path_factory.mktemp("chaos")
-    fraud, slow = make_models(REPO, base / "models")
-    stack = ChaosStack(base / "stack", env=environment())
-    stack.model_dir = fraud
-    with stack:
-        stack.set_cluster_limit(1e6)
-        stack.push(fraud, "fraud")
-        stack.push(slow, SLOW_MODEL)
-        stack.wait_model_ready("fraud")
-        stack.wait_model_ready(SLOW_MODEL)
+    with ready_stack(ChaosStack, REPO, base, with_slow=True) as stack:
         yield stack

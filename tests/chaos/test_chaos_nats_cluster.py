@@ -5,8 +5,9 @@ leads nothing on the data path, then the node that leads the work-queue stream
 (a new leader is elected while batches flow). Each node is started again
 after the hold. Every request gets exactly one answer, a correct one or an
 explicit error before its deadline: none lost, none hung; the first correct
-answer after each fault is measured. The rows of docs/reliability.md ("NATS
-cluster: losing a node") come from this test (`-s` prints them).
+answer after each fault is measured. The same faults, held longer, make the
+rows of docs/reliability.md ("NATS cluster: losing a node") through
+`bench/reliability.py`; `-s` prints this test's rows.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from inferbus_testing.chaos import CLUSTER_FAULTS, ClusterChaosStack, Shape, environment, run_fault
+from inferbus_testing.chaos import CLUSTER_FAULTS, ClusterChaosStack, Shape, ready_stack, run_fault
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -27,16 +28,8 @@ EXPLICIT = {"DEADLINE_EXCEEDED", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}
 @pytest.fixture(scope="module")
 def cluster_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterChaosStack]:
     """Two workers, two gateways, Redis; NATS as three nodes; the fraud model ready."""
-    from inferbus_testing.chaos import make_models
-
     base = tmp_path_factory.mktemp("cluster")
-    fraud, _slow = make_models(REPO, base / "models")
-    stack = ClusterChaosStack(base / "stack", env=environment())
-    stack.model_dir = fraud
-    with stack:
-        stack.set_cluster_limit(1e6)
-        stack.push(fraud, "fraud")
-        stack.wait_model_ready("fraud")
+    with ready_stack(ClusterChaosStack, REPO, base) as stack:
         yield stack
 
 

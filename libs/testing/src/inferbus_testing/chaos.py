@@ -41,11 +41,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import numpy as np
 import onnx
@@ -947,3 +947,26 @@ def environment() -> dict[str, str]:
         # deadline; more would only wait and expire (overload tests).
         "INFERBUS_BATCHER_STREAM_MAX_MSGS_PER_SUBJECT": "32",
     }
+
+
+_Stack = TypeVar("_Stack", bound=ChaosStack)
+
+
+@contextlib.contextmanager
+def ready_stack(
+    stack_class: type[_Stack], repo: Path, base: Path, *, with_slow: bool = False
+) -> Iterator[_Stack]:
+    """A started `stack_class` under `base` with a (high) cluster limit in Redis and
+    the fraud model ready (and `SLOW_MODEL` with `with_slow`); stopped on exit."""
+    fraud, slow = make_models(repo, base / "models")
+    stack = stack_class(base / "stack", env=environment())
+    stack.model_dir = fraud
+    with stack:
+        stack.set_cluster_limit(1e6)
+        stack.push(fraud, "fraud")
+        if with_slow:
+            stack.push(slow, SLOW_MODEL)
+        stack.wait_model_ready("fraud")
+        if with_slow:
+            stack.wait_model_ready(SLOW_MODEL)
+        yield stack

@@ -5,7 +5,9 @@ batchers share the load). Each is checked (deployed version, deadline, body),
 put in its version's `ModelQueue`, and batches that are due are joined along
 the batch axis and published to the ``IB_BATCHES`` work queue. Every request
 gets exactly one answer from the batcher when it is refused, expires or its
-batch cannot be stored; otherwise the worker answers it.
+batch cannot be stored; otherwise the worker answers it. The checks and queue
+entries are in `inferbus_batcher.intake`, queues and batch forming in
+`inferbus_batcher.batching`, the stream and its stores in `inferbus_batcher.workqueue`.
 
 Concurrency model: everything runs on one event loop. The subscription callback
 does the intake and dispatches batches that became due on arrival; a per-queue
@@ -35,6 +37,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from inferbus_batcher.batching import FormedBatch, ModelQueue, PendingRequest
+from inferbus_batcher.intake import admit_bundled, admit_request, start_queue_span
 from inferbus_batcher.metrics import (
     IDLE_DISPATCHES,
     PUBLISHES_OUTSTANDING,
@@ -42,13 +45,13 @@ from inferbus_batcher.metrics import (
     QueueMetrics,
 )
 from inferbus_batcher.settings import BatcherSettings
+from inferbus_batcher.workqueue import PublishFailed, WorkQueue
 from inferbus_common import headers as h
 from inferbus_common import tracing
 from inferbus_common.bundles import BundledRequest, decode_request_bundle, is_request_bundle
-from inferbus_common.bus import NO_STREAM_ERRORS, connect, ensure_batch_stream
+from inferbus_common.bus import connect
 from inferbus_common.catalog import Catalog
 from inferbus_common.errors import (
-    DeadlineExceeded,
     InferbusError,
     Internal,
     InvalidArgument,
@@ -61,18 +64,13 @@ from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.replies import ReplyTarget, send_errors
 from inferbus_common.subjects import Subjects, name_from_token
 from inferbus_common.validation import RequestChecker
-from inferbus_common.wire import FrameError, batch_signature, decode_tensors, encode_joined_batch
+from inferbus_common.wire import FrameError, encode_joined_batch
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+    pass
 
 log = logging.getLogger(__name__)
 
-QUEUE_SPAN = "inferbus.batcher.queue"
-
-# nats-server answers a store refused by stream limits (max bytes / msgs,
-# discard-new) with this JetStream error code ("maximum ... exceeded").
-_JS_STORE_FAILED = 10077
 # Idle signals a queue keeps, and how long one stays valid (a worker re-announces
 # after every empty long poll, about once a second).
 _MAX_IDLE_CREDITS = 8
@@ -104,16 +102,6 @@ class _QueueState:
     """Monotonic time of the queue's last dispatch."""
 
 
-class _PublishFailed(Exception):
-    """A micro-batch could not be stored; carries the answer for its requests."""
-
-    def __init__(self, code: StatusCode, message: str, reason: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.reason = reason
-
-
 class Batcher:
     """The batcher: an async context manager that serves until it is left.
 
@@ -137,8 +125,7 @@ class Batcher:
         self._js: JetStreamContext | None = None
         self._catalog: Catalog | None = None
         self._catalog_loaded = False
-        self._stream_ready = False
-        self._stream_lock = asyncio.Lock()
+        self._work_queue: WorkQueue | None = None
         self._sub: Subscription | None = None
         self._idle_sub: Subscription | None = None
         self._queues: dict[tuple[str, str], _QueueState] = {}
@@ -170,8 +157,9 @@ class Batcher:
         s = self._settings
         self._nc = await connect(s.nats_url, self.instance_id, **s.nats_auth())
         self._js = self._nc.jetstream()
-        await self._ensure_stream()
-        self._stream_ready = True
+        work_queue = WorkQueue(self._js, self._subjects, s)
+        await work_queue.ensure()
+        self._work_queue = work_queue
         self._catalog = Catalog(self._js, self._subjects)
         await self._catalog.__aenter__()
         await self._catalog.wait_loaded()
@@ -188,40 +176,11 @@ class Batcher:
         await self._nc.flush()
         log.info("batcher %s serving", self.instance_id, extra={"nats_url": s.nats_url})
 
-    async def _ensure_stream(self) -> None:
-        s = self._settings
-        assert self._js is not None
-        await ensure_batch_stream(
-            self._js,
-            self._subjects,
-            storage=s.stream_storage,
-            max_bytes=s.stream_max_bytes,
-            max_msgs_per_subject=s.stream_max_msgs_per_subject,
-            reconcile=True,
-        )
-
-    async def _restore_stream(self) -> bool:
-        """Create the work-queue stream again after it vanished; True when it exists now.
-
-        A memory-storage stream does not survive a nats-server restart (the
-        key-value buckets, on file storage, do). Without this the batcher
-        would refuse every micro-batch until it is restarted itself.
-        One restore at a time; concurrent publishes wait for it.
-        """
-        async with self._stream_lock:
-            try:
-                await self._ensure_stream()
-            except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
-                log.warning("work-queue stream could not be restored: %s", exc)
-                return False
-        log.info("work-queue stream %s restored", self._subjects.batch_stream)
-        return True
-
     def ready(self) -> tuple[bool, str]:
         """Readiness for /readyz: NATS connected, catalog loaded, stream present."""
         if self._nc is None or not self._nc.is_connected:
             return False, "not connected to NATS"
-        if not self._stream_ready:
+        if self._work_queue is None:
             return False, "micro-batch stream not ensured yet"
         if not self._catalog_loaded:
             return False, "catalog not loaded yet"
@@ -308,10 +267,10 @@ class Batcher:
             log.warning("request without %s dropped", h.REPLY, extra={"request_id": request_id})
             return
         state: _QueueState | None = None
-        span = self._start_span(hdrs, request_id) if tracing.enabled() else None
+        span = start_queue_span(hdrs, request_id) if tracing.enabled() else None
         try:
             state = self._queue_for(msg, hdrs)
-            pending = self._admit(state, msg, hdrs, request_id, reply)
+            pending = admit_request(state.queue, state.checker, msg.data, hdrs, request_id, reply)
             pending.span = span
             state.queue.offer(pending)
         except InferbusError as exc:
@@ -327,21 +286,6 @@ class Batcher:
             )
             return
         await self._service(state)
-
-    @staticmethod
-    def _start_span(hdrs: dict[str, str], request_id: str) -> Span | None:
-        """The request's batcher span (intake to micro-batch stored), when sampled.
-
-        Its context replaces the request's ``traceparent``, so the micro-batch
-        entry carries it to the worker.
-        """
-        span = tracing.start_child_span(QUEUE_SPAN, hdrs.get(h.TRACEPARENT, ""))
-        if span is not None:
-            span.set_attribute("inferbus.model", hdrs.get(h.MODEL, ""))
-            span.set_attribute("inferbus.version", hdrs.get(h.VERSION, ""))
-            span.set_attribute("inferbus.request_id", request_id)
-            hdrs[h.TRACEPARENT] = tracing.traceparent_of(span)
-        return span
 
     async def _on_idle(self, msg: Msg) -> None:
         """A worker has a free slot and found its queue empty: stop waiting for fills.
@@ -439,7 +383,9 @@ class Batcher:
             now_mono = time.monotonic_ns()
             for r in bundle.requests:
                 try:
-                    pending = self._admit_bundled(state, r, bundle.inbox, now_wall, now_mono)
+                    pending = admit_bundled(
+                        queue, state.checker, r, bundle.inbox, now_wall, now_mono
+                    )
                     queue.offer(pending)
                 except InferbusError as exc:
                     refused.append((r, exc))
@@ -450,54 +396,6 @@ class Batcher:
             await self._refuse_bundled(state, bundle.model, bundle.version, bundle.inbox, refused)
         if state is not None:
             await self._service(state)
-
-    def _admit_bundled(
-        self,
-        state: _QueueState,
-        r: BundledRequest,
-        inbox: str,
-        now_wall: int,
-        now_mono: int,
-    ) -> PendingRequest:
-        """Check one bundled request (deadline, structure); build its queue entry."""
-        queue = state.queue
-        deadline = r.deadline_ns or now_wall + queue.default_timeout_ns
-        if deadline <= now_wall:
-            raise DeadlineExceeded(
-                f"deadline of the request for model '{queue.model}' version '{queue.version}' "
-                f"passed {(now_wall - deadline) / 1e6:.1f} ms before it reached the batcher"
-            )
-        tensors = decode_tensors(r.frame)
-        state.checker.check(tensors, r.outputs, trusted=True)
-        rows = tensors[0].shape[0] if tensors[0].shape else 1
-        # Time the request spent filling its gateway's bundle is time spent waiting
-        # for a batch: it counts against the delay (at most one delay of credit).
-        waited = min(r.held_ns, queue.delay_ns)
-        span = None
-        if tracing.enabled() and tracing.is_sampled(r.traceparent):
-            span = self._start_span(
-                {h.TRACEPARENT: r.traceparent, h.MODEL: queue.model, h.VERSION: queue.version},
-                r.request_id,
-            )
-        pending = PendingRequest(
-            request_id=r.request_id,
-            reply=inbox,
-            deadline_ns=deadline,
-            enqueued_ns=now_wall,
-            enqueued_mono_ns=now_mono,
-            rows=rows,
-            priority=queue.priority_of(r.priority),
-            signature=batch_signature(tensors),
-            tensors=tensors,
-            outputs=r.outputs,
-            traceparent=tracing.traceparent_of(span) if span is not None else r.traceparent,
-            mirror=r.mirror,
-            span=span,
-            token=r.token,
-            mirror_token=r.mirror_token,
-            since_mono_ns=now_mono - waited,
-        )
-        return pending
 
     async def _refuse_bundled(
         self,
@@ -539,56 +437,6 @@ class Batcher:
                 type(exc).__name__,
                 extra={"status": code.name, "model_version": version},
             )
-
-    def _admit(
-        self, state: _QueueState, msg: Msg, hdrs: dict[str, str], request_id: str, reply: str
-    ) -> PendingRequest:
-        """Check a request against its deadline and model config; build its queue entry."""
-        queue = state.queue
-        model, version = queue.model, queue.version
-        now_wall = time.time_ns()
-        raw_deadline = hdrs.get(h.DEADLINE)
-        if raw_deadline:
-            try:
-                deadline = int(raw_deadline)
-            except ValueError:
-                raise InvalidArgument(
-                    f"{h.DEADLINE} must be unix-epoch nanoseconds, got {raw_deadline!r}"
-                ) from None
-            if deadline <= now_wall:
-                raise DeadlineExceeded(
-                    f"deadline of the request for model '{model}' version '{version}' "
-                    f"passed {(now_wall - deadline) / 1e6:.1f} ms before it reached the batcher"
-                )
-        else:
-            deadline = now_wall + queue.default_timeout_ns
-        tensors = decode_tensors(msg.data)
-        raw_outputs = hdrs.get(h.OUTPUTS, "")
-        outputs = tuple(o for o in raw_outputs.split(",") if o) if raw_outputs else ()
-        # The gateway validated too; the batcher cannot trust that (anyone may
-        # publish to its subject), but a layout that passed is not checked again.
-        state.checker.check(tensors, outputs)
-        # Unbatched models (max_batch_size 0) still report their first dim as
-        # rows, so a micro-batch's dims[0] always equals the sum of its rows.
-        rows = tensors[0].shape[0] if tensors[0].shape else 1
-        try:
-            priority = queue.priority_of(int(hdrs.get(h.PRIORITY) or 0))
-        except ValueError:
-            priority = queue.default_priority
-        return PendingRequest(
-            request_id=request_id,
-            reply=reply,
-            deadline_ns=deadline,
-            enqueued_ns=now_wall,
-            enqueued_mono_ns=time.monotonic_ns(),
-            rows=rows,
-            priority=priority,
-            signature=batch_signature(tensors),
-            tensors=tensors,
-            outputs=outputs,
-            traceparent=hdrs.get(h.TRACEPARENT, ""),
-            mirror=hdrs.get(h.MIRROR, ""),
-        )
 
     def _new_queue(self, model: str, version: str, config: ModelConfig) -> _QueueState:
         state = _QueueState(
@@ -733,7 +581,8 @@ class Batcher:
     ) -> None:
         queue = state.queue
         try:
-            await self._store(state, payload, msg_id)
+            assert self._work_queue is not None
+            await self._work_queue.store(state.subject, queue.model, queue.version, payload, msg_id)
         except asyncio.CancelledError:
             await self._answer_many(
                 state,
@@ -743,7 +592,7 @@ class Batcher:
                 "shutdown",
             )
             raise
-        except _PublishFailed as exc:
+        except PublishFailed as exc:
             log.warning(
                 "micro-batch not stored: %s",
                 exc.message,
@@ -770,54 +619,6 @@ class Batcher:
                     p.span = None
         state.metrics.batch_rows.observe(batch.rows)
         state.metrics.batch_requests.observe(len(batch.requests))
-
-    async def _store(self, state: _QueueState, payload: bytes, msg_id: str) -> None:
-        """Publish to JetStream until acked; retries reuse `msg_id` (stored at most once)."""
-        assert self._js is not None
-        queue = state.queue
-        headers = {h.MODEL: queue.model, h.VERSION: queue.version, h.MSG_ID: msg_id}
-        where = f"model '{queue.model}' version '{queue.version}'"
-        s = self._settings
-        for attempt in range(1, s.publish_attempts + 1):
-            try:
-                await self._js.publish(
-                    state.subject, payload, timeout=s.publish_timeout_s, headers=dict(headers)
-                )
-                return
-            except nats.errors.TimeoutError:
-                if attempt == s.publish_attempts:
-                    raise _PublishFailed(
-                        StatusCode.UNAVAILABLE,
-                        f"work queue did not acknowledge the micro-batch for {where} "
-                        f"after {attempt} attempts",
-                        "work-queue-timeout",
-                    ) from None
-            except nats.js.errors.APIError as exc:
-                if exc.err_code == _JS_STORE_FAILED or "exceeded" in (exc.description or ""):
-                    raise _PublishFailed(
-                        StatusCode.RESOURCE_EXHAUSTED,
-                        f"work queue is full, micro-batch for {where} refused: {exc.description}",
-                        "work-queue-full",
-                    ) from None
-                raise _PublishFailed(
-                    StatusCode.UNAVAILABLE,
-                    f"work queue refused the micro-batch for {where}: {exc.description}",
-                    "work-queue-error",
-                ) from None
-            except NO_STREAM_ERRORS:
-                if attempt < s.publish_attempts and await self._restore_stream():
-                    continue
-                raise _PublishFailed(
-                    StatusCode.UNAVAILABLE,
-                    f"no JetStream stream answers for {where}",
-                    "work-queue-missing",
-                ) from None
-            except nats.errors.Error as exc:
-                raise _PublishFailed(
-                    StatusCode.UNAVAILABLE,
-                    f"could not publish the micro-batch for {where}: {type(exc).__name__}",
-                    "bus-error",
-                ) from None
 
     # --- answers -------------------------------------------------------------
     async def _answer_many(
