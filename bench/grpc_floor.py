@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -61,7 +62,7 @@ def serve() -> None:
             return pb.ModelReadyResponse(ready=True)
 
     async def main() -> None:
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=json.loads(os.environ.get("GRPC_FLOOR_OPTIONS", "[]")))
         pbg.add_GRPCInferenceServiceServicer_to_server(Bare(), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
@@ -71,10 +72,16 @@ def serve() -> None:
     uvloop.run(main())
 
 
-def measure(load: str, duration: float, warmup: float) -> dict:
-    """One loadgen run against a fresh bare server; req/s, busy cores, CPU µs/req."""
+def measure(
+    load: str, duration: float, warmup: float, options: Sequence[tuple[str, int | str]] = ()
+) -> dict:
+    """One loadgen run against a fresh bare server; req/s, busy cores, CPU µs/req.
+
+    `options` are grpc.aio server options (``grpc.http2.bdp_probe`` and the like).
+    """
+    env = {**os.environ, "GRPC_FLOOR_OPTIONS": json.dumps(list(options))}
     server = subprocess.Popen(
-        [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True, cwd=REPO
+        [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True, cwd=REPO, env=env
     )
     try:
         port = server.stdout.readline().strip() if server.stdout else ""
@@ -115,12 +122,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--load", nargs="+", default=["c64", "r2000"], help="cN or rN")
     parser.add_argument("--duration", type=float, default=6.0)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        help="a grpc.aio server option NAME=VALUE (integer values as integers); repeatable",
+    )
     args = parser.parse_args(argv)
+    options = []
+    for item in args.option:
+        name, _, value = item.partition("=")
+        options.append((name, int(value) if value.lstrip("-").isdigit() else value))
     if args.serve:
         serve()
         return 0
     for load in args.load:
-        print(json.dumps(measure(load, args.duration, args.warmup)), flush=True)
+        row = measure(load, args.duration, args.warmup, options)
+        print(json.dumps({**row, "options": dict(options)}), flush=True)
     return 0
 
 
