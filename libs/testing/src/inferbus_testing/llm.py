@@ -30,8 +30,12 @@ VLLM_PYTHON = REPO / ".venvs" / "vllm" / "bin" / "python"
 TINY_LLM = "tiny-llm"
 
 
-def build_tiny_llm(out: Path, *, max_num_seqs: int, max_waiting: int, max_len: int) -> Path:
-    """Build the tiny model into `out` (an inferbus model directory); returns `out`."""
+def build_tiny_llm(
+    out: Path, *, max_num_seqs: int, max_waiting: int, max_len: int, layers: int = 2
+) -> Path:
+    """Build the tiny model into `out` (an inferbus model directory); returns `out`.
+
+    More `layers` make each engine step slower (fewer tokens a second)."""
     subprocess.run(
         [
             str(VLLM_PYTHON),
@@ -44,6 +48,8 @@ def build_tiny_llm(out: Path, *, max_num_seqs: int, max_waiting: int, max_len: i
             str(max_waiting),
             "--max-len",
             str(max_len),
+            "--layers",
+            str(layers),
         ],
         check=True,
         capture_output=True,
@@ -60,6 +66,10 @@ def start_llm_worker(stack: LocalStack, base: Path, name: str = "llm-worker") ->
         python=str(VLLM_PYTHON),
         name=name,
         log_dir=base,
+        # vLLM's engine process computes flat out while it generates; on a 2-core
+        # test machine at equal priority it starved the gateway, nats-server and
+        # the test's client for seconds at a time.
+        nice=10,
         env={
             "INFERBUS_LLM_NATS_URL": stack.nats.url,
             "INFERBUS_LLM_METRICS_PORT": "0",

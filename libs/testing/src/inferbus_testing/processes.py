@@ -65,6 +65,8 @@ class ServiceProcess:
         name: label for the log file and errors; defaults to the module name.
         python: interpreter to run the module with (default: this one), e.g. the
             separate vLLM environment's for the LLM worker.
+        nice: added to the process' niceness (its children inherit it), for a
+            service that would otherwise take the CPU the others need.
     """
 
     def __init__(
@@ -77,8 +79,10 @@ class ServiceProcess:
         log_dir: Path | None = None,
         name: str | None = None,
         python: str | None = None,
+        nice: int = 0,
     ) -> None:
         self.module = module
+        self.nice = nice
         self.python = python or sys.executable
         self.name = name or module
         self.env_prefix = env_prefix or module.split(".", 1)[0].upper() + "_"
@@ -162,8 +166,13 @@ class ServiceProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent,
+                preexec_fn=self._preexec,
             )
+
+    def _preexec(self) -> None:
+        die_with_parent()
+        if self.nice:
+            os.nice(self.nice)
 
     def _check_started(self) -> bool:
         """True once the ports file of *this* process is there; raises if it exited."""

@@ -250,12 +250,22 @@ def _chunk_json(call: GenerationCall, kind: str, chunk: GenerationChunk, first: 
     )
 
 
-class _EventStream(StreamingResponse):
-    """A streaming response that always closes its event generator.
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client has closed the connection (the body is read by then)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
-    Starlette stops iterating when the client is gone (a failed send) without
-    closing the iterator; closing it here runs `GenerationCall.chunks`' cleanup
-    at once, which publishes the cancel that aborts the request in vLLM.
+
+class _EventStream(StreamingResponse):
+    """A streaming response that notices a client leaving and closes its events.
+
+    Starlette (ASGI 2.4 servers) learns that the client is gone only from a send
+    that fails, so a client leaving while no chunk comes (queued in the engine,
+    a long prefill, a worker that stalls) went unnoticed until the next chunk or
+    the deadline, and the engine kept generating for nobody. Here the stream
+    ends as soon as ``http.disconnect`` arrives, and closing the events runs
+    `GenerationCall.chunks`' cleanup at once, which publishes the cancel that
+    aborts the request in vLLM.
     """
 
     def __init__(
@@ -266,12 +276,20 @@ class _EventStream(StreamingResponse):
         self._ending = ending
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        stream = asyncio.ensure_future(super().__call__(scope, receive, send))
+        watcher = asyncio.ensure_future(_disconnected(receive))
         try:
-            await super().__call__(scope, receive, send)
+            await asyncio.wait({stream, watcher}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            watcher.cancel()
+            if not stream.done():
+                stream.cancel()
+            await asyncio.wait({stream})
             await self._events.aclose()  # type: ignore[attr-defined]
             # A stream closed before its first line never ran its own cleanup.
             self._ending.finish(asyncio.CancelledError())
+        if not stream.cancelled() and stream.exception() is not None:
+            raise stream.exception()  # type: ignore[misc]
 
 
 async def _events(
@@ -336,12 +354,7 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         _ClientGone: the client left first.
     """
     task = asyncio.ensure_future(work)
-
-    async def gone() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(gone())
+    watcher = asyncio.ensure_future(_disconnected(request.receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -226,42 +226,50 @@ class VersionServer(QueueIntake, EngineSupervision):
             remaining = h.remaining_s(deadline_ns)
             if remaining <= 0:
                 raise DeadlineExceeded(f"request {rid} expired before generation started")
+            # `aclosing`: a cancel or timeout that strikes while this task waits on
+            # a publish (not inside the generator) still closes the generator at
+            # once, and its `finally` aborts the request in vLLM. Left to garbage
+            # collection, a generator kept alive by the exception's traceback
+            # cycle went on generating until the next cyclic collection, which the
+            # services' raised thresholds (`gc_thresholds`) make seconds away.
             async with asyncio.timeout(remaining):
                 ids = self.engine.render(request)
                 prompt_tokens = len(ids)
-                async for step in self.engine.generate(engine_id, request, ids):
-                    now = time.monotonic()
-                    if step.tokens:
-                        if not first_at:
-                            first_at = now
-                            metrics.TTFT_SECONDS.labels(*self._labels).observe(now - t0)
-                        elif last_at:
-                            metrics.INTER_TOKEN_SECONDS.labels(*self._labels).observe(
-                                (now - last_at) / step.tokens
-                            )
-                        last_at = now
-                        completion += step.tokens
-                        metrics.GENERATED_TOKENS.labels(*self._labels).inc(step.tokens)
-                    if step.queue_s is not None:
-                        metrics.QUEUE_SECONDS.labels(*self._labels).observe(step.queue_s)
-                    chunk = GenerationChunk(text=step.text, tokens=step.tokens)
-                    final = step.finish_reason is not None
-                    if final:
-                        chunk.finish_reason = step.finish_reason  # type: ignore[assignment]
-                        chunk.prompt_tokens = prompt_tokens
-                        chunk.completion_tokens = completion
-                        chunk.timings_ms = {
-                            "ttft": (first_at - t0) * 1000.0 if first_at else 0.0,
-                            "total": (now - t0) * 1000.0,
-                        }
-                    if chunk.text or chunk.tokens or final:
-                        await self._publish(reply, seq, chunk.encode(), {}, final, rid)
-                        seq += 1
-                    # Neither vLLM's output queue (when a step is ready) nor a NATS
-                    # publish (a buffer append) suspends: without this the loop would
-                    # run until the request ends, starving the NATS flusher (no chunk
-                    # leaves before the last), /metrics and the cancel subscription.
-                    await asyncio.sleep(0)
+                steps = contextlib.aclosing(self.engine.generate(engine_id, request, ids))
+                async with steps as generation:
+                    async for step in generation:
+                        now = time.monotonic()
+                        if step.tokens:
+                            if not first_at:
+                                first_at = now
+                                metrics.TTFT_SECONDS.labels(*self._labels).observe(now - t0)
+                            elif last_at:
+                                metrics.INTER_TOKEN_SECONDS.labels(*self._labels).observe(
+                                    (now - last_at) / step.tokens
+                                )
+                            last_at = now
+                            completion += step.tokens
+                            metrics.GENERATED_TOKENS.labels(*self._labels).inc(step.tokens)
+                        if step.queue_s is not None:
+                            metrics.QUEUE_SECONDS.labels(*self._labels).observe(step.queue_s)
+                        chunk = GenerationChunk(text=step.text, tokens=step.tokens)
+                        final = step.finish_reason is not None
+                        if final:
+                            chunk.finish_reason = step.finish_reason  # type: ignore[assignment]
+                            chunk.prompt_tokens = prompt_tokens
+                            chunk.completion_tokens = completion
+                            chunk.timings_ms = {
+                                "ttft": (first_at - t0) * 1000.0 if first_at else 0.0,
+                                "total": (now - t0) * 1000.0,
+                            }
+                        if chunk.text or chunk.tokens or final:
+                            await self._publish(reply, seq, chunk.encode(), {}, final, rid)
+                            seq += 1
+                        # Neither vLLM's output queue (when a step is ready) nor a NATS
+                        # publish (a buffer append) suspends: without this the loop would
+                        # run until the request ends, starving the NATS flusher (no chunk
+                        # leaves before the last), /metrics and the cancel subscription.
+                        await asyncio.sleep(0)
             metrics.PROMPT_TOKENS.labels(*self._labels).inc(prompt_tokens)
             if first_at and last_at > first_at and completion > 1:
                 metrics.TOKENS_PER_SECOND.labels(*self._labels).observe(
