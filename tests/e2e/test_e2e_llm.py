@@ -44,11 +44,11 @@ MODEL = TINY_LLM
 MAX_NUM_SEQS = 2
 MAX_WAITING = 1
 LAYERS = 16
-"""The tiny model's depth here. With two layers vLLM's engine process ran about
-7,000 steps a second on this 2-core machine, more than the worker's event loop
-took in: chunks reached the gateway in bursts seconds apart, and 16,000 tokens
-were done in about two seconds, before a client's disconnect got through.
-Sixteen layers make it a few hundred steps a second, nearer a real model's."""
+"""The tiny model's depth here. With two layers the engine generated 400-2,200
+tokens in the second before a non-streamed client's read timeout (with sixteen,
+about 210), and the LLM worker's loop fell behind it at times: chunks reached
+the gateway in bursts seconds apart, and a generation could finish before a
+client's disconnect got through."""
 BOUND = MAX_NUM_SEQS + MAX_WAITING
 
 pytestmark = [
