@@ -27,10 +27,8 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import nats.errors
-import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -65,9 +63,6 @@ from inferbus_common.replies import ReplyTarget, send_errors
 from inferbus_common.subjects import Subjects, name_from_token
 from inferbus_common.validation import RequestChecker
 from inferbus_common.wire import FrameError, encode_joined_batch
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
