@@ -35,7 +35,7 @@ from inferbus_common.logs import setup_logging
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import encode_tensors
-from inferbus_gateway.dispatch import Reply
+from inferbus_gateway.dispatch.dispatcher import Reply
 from inferbus_gateway.grpc_api.servicer import GRPCInferenceServicer
 from inferbus_gateway.service import InferenceService
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb

@@ -132,7 +132,7 @@ def answered(stack: BenchStack) -> float:
 def metrics_cost_us() -> dict[str, float]:
     """Microseconds of the per-request metric operations, per service (in-process)."""
     from inferbus_batcher.metrics import QueueMetrics
-    from inferbus_gateway.access import IN_FLIGHT, _observe_stages
+    from inferbus_gateway.observation.access import IN_FLIGHT, _observe_stages
     from inferbus_gateway.service import LATENCY, REQUESTS
     from inferbus_router.router import ROUTE_SECONDS, ROUTED
     from inferbus_worker import metrics as wm
@@ -188,7 +188,7 @@ def tracing_and_log_cost_us() -> dict[str, float]:
     from inferbus_common import tracing
     from inferbus_common.logs import JsonFormatter
     from inferbus_common.settings import ServiceSettings
-    from inferbus_gateway.access import RequestScope, access_log
+    from inferbus_gateway.observation.access import RequestScope, access_log
 
     out: dict[str, float] = {}
     unsampled_tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"

@@ -26,7 +26,7 @@ from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.sequences import SequenceFlags, place
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import decode_tensors
-from inferbus_gateway.sequences import SequenceRouter, check_sequence_request
+from inferbus_gateway.triton.sequences import SequenceRouter, check_sequence_request
 from inferbus_testing.tritonmodels import write_simple_string_dyna_sequence
 from inferbus_worker.engines import OnnxRuntimeEngine
 from inferbus_worker.sequences import SequenceRunner

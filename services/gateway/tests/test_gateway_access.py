@@ -12,9 +12,9 @@ from prometheus_client import REGISTRY
 from inferbus_common import tracing
 from inferbus_common.errors import ResourceExhausted, Unauthenticated
 from inferbus_common.settings import ServiceSettings
-from inferbus_gateway.access import RequestScope
 from inferbus_gateway.canonical import InferRequest, InferResponse
-from inferbus_gateway.tracelog import TraceSettings
+from inferbus_gateway.observation.access import RequestScope
+from inferbus_gateway.triton.tracelog import TraceSettings
 
 CLIENT_TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

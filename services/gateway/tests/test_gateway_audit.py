@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 from inferbus_common.audit import decode_records, split_records
 from inferbus_common.subjects import Subjects
-from inferbus_gateway.auditbatch import AuditBatches
+from inferbus_gateway.observation.auditbatch import AuditBatches
 from inferbus_testing.records import audit_record
 
 SUBJECTS = Subjects("ib")

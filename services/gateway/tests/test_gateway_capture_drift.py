@@ -16,8 +16,8 @@ from inferbus_common.drift import DriftReport, build_profile
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.canonical import InferRequest, InferResponse
-from inferbus_gateway.capture import PayloadCapture
-from inferbus_gateway.drift import DriftMonitor
+from inferbus_gateway.observation.capture import PayloadCapture
+from inferbus_gateway.observation.drift import DriftMonitor
 
 SUBJECTS = Subjects("ib")
 CONFIG = ModelConfig.model_validate(

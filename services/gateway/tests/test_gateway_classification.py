@@ -7,7 +7,7 @@ import pytest
 
 from inferbus_common.codec import deserialize_bytes, tensor_from_numpy
 from inferbus_common.errors import InvalidArgument
-from inferbus_gateway.classification import class_count, classify, parse_labels
+from inferbus_gateway.triton.classification import class_count, classify, parse_labels
 
 
 def _texts(t) -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from inferbus_gateway import cpuload
-from inferbus_gateway.cpuload import CpuLoad
+from inferbus_gateway.dispatch import cpuload
+from inferbus_gateway.dispatch.cpuload import CpuLoad
 
 
 async def _ticks(load: CpuLoad, n: int) -> None:

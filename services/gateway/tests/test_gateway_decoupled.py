@@ -9,7 +9,7 @@ from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.errors import Internal
 from inferbus_common.modelconfig import DecoupledConfig
 from inferbus_gateway.canonical import InferResponse
-from inferbus_gateway.decoupled import split_responses
+from inferbus_gateway.triton.decoupled import split_responses
 
 
 def _answer(**outputs: np.ndarray) -> InferResponse:

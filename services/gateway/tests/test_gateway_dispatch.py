@@ -22,7 +22,7 @@ from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import decode_tensors
-from inferbus_gateway.dispatch import DUPLICATE_REPLIES, Dispatcher, plain_version
+from inferbus_gateway.dispatch.dispatcher import DUPLICATE_REPLIES, Dispatcher, plain_version
 
 SUBJECTS = Subjects("ib")
 

@@ -11,7 +11,7 @@ from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.errors import Unavailable
 from inferbus_common.sequences import SequenceFlags
 from inferbus_gateway.canonical import InferRequest, InferResponse
-from inferbus_gateway.idempotency import IdempotencyCache, request_key
+from inferbus_gateway.dispatch.idempotency import IdempotencyCache, request_key
 
 
 def _request(rid: str, value: float) -> InferRequest:

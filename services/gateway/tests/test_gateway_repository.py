@@ -26,8 +26,8 @@ from inferbus_client.registry import RegistryClient
 from inferbus_common.catalog import Catalog
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission.auth import Authenticator, JwtVerifier
-from inferbus_gateway.repository import RepositoryExtension, parameter_text
 from inferbus_gateway.rest.repository import repository_routes
+from inferbus_gateway.triton.repository import RepositoryExtension, parameter_text
 from inferbus_registry.app import RegistryApp
 from inferbus_registry.settings import RegistrySettings
 from inferbus_testing.servers import NatsServer

@@ -10,7 +10,7 @@ import pytest
 from inferbus_common.codec import Tensor, serialize_bytes, tensor_from_numpy
 from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from inferbus_gateway.canonical import InferRequest, InferResponse, ShmRef
-from inferbus_gateway.sharedmemory import SystemSharedMemory, shm_ref
+from inferbus_gateway.triton.sharedmemory import SystemSharedMemory, shm_ref
 
 
 def _object(root: Path, key: str, size: int) -> Path:

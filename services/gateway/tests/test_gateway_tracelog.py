@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from inferbus_common.errors import FailedPrecondition, InvalidArgument
-from inferbus_gateway.tracelog import LogSettings, TraceSettings
+from inferbus_gateway.triton.tracelog import LogSettings, TraceSettings
 
 
 def test_trace_settings_show_the_configured_ratio() -> None:

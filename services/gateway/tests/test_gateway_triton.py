@@ -14,7 +14,7 @@ from tritonclient.grpc import service_pb2 as triton_pb
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.modelstats import Duration, ModelStats, sum_stats
-from inferbus_gateway.triton import to_proto, triton_config, triton_statistics
+from inferbus_gateway.triton.documents import to_proto, triton_config, triton_statistics
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 from inferbus_proto.v2 import model_config_pb2 as mc
 

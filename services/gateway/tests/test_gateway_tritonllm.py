@@ -9,7 +9,7 @@ from inferbus_common.codec import Tensor, tensor_from_numpy
 from inferbus_common.errors import InvalidArgument
 from inferbus_common.generation import GenerationChunk
 from inferbus_common.modelconfig import ModelConfig
-from inferbus_gateway.tritonllm import chunk_outputs, read_call
+from inferbus_gateway.triton.llm import chunk_outputs, read_call
 
 CONFIG = ModelConfig.model_validate(
     {

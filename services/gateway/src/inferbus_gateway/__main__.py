@@ -21,22 +21,22 @@ from inferbus_common.logs import setup_logging
 from inferbus_common.registrychannel import message_size_options
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission import Admission
-from inferbus_gateway.capture import PayloadCapture
-from inferbus_gateway.classification import Classifier
-from inferbus_gateway.dispatch import Dispatcher
-from inferbus_gateway.drift import DriftMonitor
+from inferbus_gateway.dispatch.dispatcher import Dispatcher
+from inferbus_gateway.dispatch.lazyload import LazyLoader
 from inferbus_gateway.generation import GenerationDispatcher, GenerationService
 from inferbus_gateway.grpc_api.servicer import GRPCInferenceServicer
 from inferbus_gateway.grpc_api.tolerant import add_servicer_to_server
-from inferbus_gateway.lazyload import LazyLoader
-from inferbus_gateway.repository import RepositoryExtension
+from inferbus_gateway.observation.capture import PayloadCapture
+from inferbus_gateway.observation.drift import DriftMonitor
+from inferbus_gateway.observation.slo import ModelSloCollector
 from inferbus_gateway.rest.app import rest_app
-from inferbus_gateway.sequences import SequenceRouter
 from inferbus_gateway.service import InferenceService
 from inferbus_gateway.settings import GatewaySettings
-from inferbus_gateway.sharedmemory import SystemSharedMemory
-from inferbus_gateway.slo import ModelSloCollector
-from inferbus_gateway.tracelog import LogSettings, TraceSettings
+from inferbus_gateway.triton.classification import Classifier
+from inferbus_gateway.triton.repository import RepositoryExtension
+from inferbus_gateway.triton.sequences import SequenceRouter
+from inferbus_gateway.triton.sharedmemory import SystemSharedMemory
+from inferbus_gateway.triton.tracelog import LogSettings, TraceSettings
 
 log = logging.getLogger("inferbus_gateway")
 

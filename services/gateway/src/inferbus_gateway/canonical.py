@@ -13,7 +13,7 @@ from inferbus_common.codec import Tensor
 from inferbus_common.sequences import SequenceFlags
 
 if TYPE_CHECKING:
-    from inferbus_gateway.sequences import SequenceTurn
+    from inferbus_gateway.triton.sequences import SequenceTurn
 
 
 @dataclass(frozen=True, slots=True)

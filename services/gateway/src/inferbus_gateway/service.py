@@ -32,15 +32,15 @@ from inferbus_common.subjects import Subjects
 from inferbus_common.validation import RequestChecker
 from inferbus_common.wire import FrameError, decode_tensors
 from inferbus_gateway.admission import Admission, BreakerOpen, fallback_outputs
-from inferbus_gateway.auditbatch import AuditBatches
 from inferbus_gateway.canonical import InferRequest, InferResponse
-from inferbus_gateway.dispatch import Dispatcher, Reply
-from inferbus_gateway.idempotency import IdempotencyCache
-from inferbus_gateway.lazyload import LazyLoader
-from inferbus_gateway.sequences import SequenceRouter, check_sequence_request
-from inferbus_gateway.sharedmemory import SystemSharedMemory
-from inferbus_gateway.tracelog import LogSettings, TraceSettings
-from inferbus_gateway.triton import triton_config, triton_statistics
+from inferbus_gateway.dispatch.dispatcher import Dispatcher, Reply
+from inferbus_gateway.dispatch.idempotency import IdempotencyCache
+from inferbus_gateway.dispatch.lazyload import LazyLoader
+from inferbus_gateway.observation.auditbatch import AuditBatches
+from inferbus_gateway.triton.documents import triton_config, triton_statistics
+from inferbus_gateway.triton.sequences import SequenceRouter, check_sequence_request
+from inferbus_gateway.triton.sharedmemory import SystemSharedMemory
+from inferbus_gateway.triton.tracelog import LogSettings, TraceSettings
 
 REQUESTS = LoopCounter(
     "inferbus_gateway_requests_total",

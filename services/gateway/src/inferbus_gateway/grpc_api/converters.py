@@ -13,9 +13,9 @@ from inferbus_common.codec import Tensor, element_count, serialize_bytes
 from inferbus_common.datatypes import ALL_DATATYPES, BYTES, numpy_dtype
 from inferbus_common.errors import InvalidArgument
 from inferbus_gateway.canonical import InferRequest, InferResponse
-from inferbus_gateway.classification import class_count
-from inferbus_gateway.sequences import sequence_flags
-from inferbus_gateway.sharedmemory import shm_ref
+from inferbus_gateway.triton.classification import class_count
+from inferbus_gateway.triton.sequences import sequence_flags
+from inferbus_gateway.triton.sharedmemory import shm_ref
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 
 #: V2 datatype → the `InferTensorContents` field that carries it (FP16 has none).

@@ -16,15 +16,15 @@ from inferbus_common.errors import (
     Unimplemented,
     status_of,
 )
-from inferbus_gateway.classification import Classifier
 from inferbus_gateway.generation import GenerationService
 from inferbus_gateway.grpc_api.converters import response_to_proto
 from inferbus_gateway.grpc_api.stream import StreamHandler, infer_one
-from inferbus_gateway.repository import RepositoryExtension
 from inferbus_gateway.service import InferenceService
-from inferbus_gateway.sharedmemory import CUDA_UNSUPPORTED, SystemSharedMemory
-from inferbus_gateway.tracelog import LogSettings, TraceSettings
-from inferbus_gateway.triton import to_proto
+from inferbus_gateway.triton.classification import Classifier
+from inferbus_gateway.triton.documents import to_proto
+from inferbus_gateway.triton.repository import RepositoryExtension
+from inferbus_gateway.triton.sharedmemory import CUDA_UNSUPPORTED, SystemSharedMemory
+from inferbus_gateway.triton.tracelog import LogSettings, TraceSettings
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 from inferbus_proto.v2 import grpc_predict_v2_pb2_grpc as pb_grpc
 from inferbus_proto.v2 import model_config_pb2 as mc

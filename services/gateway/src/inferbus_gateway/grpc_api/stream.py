@@ -34,10 +34,7 @@ import grpc
 from prometheus_client import Counter, Gauge
 
 from inferbus_common.errors import InferbusError, Unavailable, status_of
-from inferbus_gateway.access import RequestScope
 from inferbus_gateway.canonical import InferRequest, InferResponse
-from inferbus_gateway.classification import Classifier
-from inferbus_gateway.decoupled import split_responses
 from inferbus_gateway.generation import GenerationService
 from inferbus_gateway.grpc_api.converters import (
     parameter_values,
@@ -45,9 +42,12 @@ from inferbus_gateway.grpc_api.converters import (
     response_to_proto,
 )
 from inferbus_gateway.grpc_api.tolerant import Undecodable
-from inferbus_gateway.sequences import SequenceTurn, sequence_flags
+from inferbus_gateway.observation.access import RequestScope
 from inferbus_gateway.service import InferenceService
-from inferbus_gateway.tritonllm import chunk_outputs, read_call
+from inferbus_gateway.triton.classification import Classifier
+from inferbus_gateway.triton.decoupled import split_responses
+from inferbus_gateway.triton.llm import chunk_outputs, read_call
+from inferbus_gateway.triton.sequences import SequenceTurn, sequence_flags
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -28,12 +28,10 @@ from inferbus_common.errors import (
     Unavailable,
     status_of,
 )
-from inferbus_gateway.access import RequestScope
 from inferbus_gateway.admission import BreakerOpen
 from inferbus_gateway.canonical import InferRequest, InferResponse
-from inferbus_gateway.classification import Classifier
 from inferbus_gateway.generation import GenerationService
-from inferbus_gateway.repository import RepositoryExtension
+from inferbus_gateway.observation.access import RequestScope
 from inferbus_gateway.rest.codec import HEADER_LENGTH, request_from_http, response_to_http
 from inferbus_gateway.rest.compression import (
     BodyTooLarge,
@@ -45,6 +43,8 @@ from inferbus_gateway.rest.extensions import extension_routes
 from inferbus_gateway.rest.openai import error_body, openai_routes
 from inferbus_gateway.rest.repository import repository_routes
 from inferbus_gateway.service import InferenceService
+from inferbus_gateway.triton.classification import Classifier
+from inferbus_gateway.triton.repository import RepositoryExtension
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from inferbus_common.codec import (
 from inferbus_common.datatypes import ALL_DATATYPES, BYTES, numpy_dtype
 from inferbus_common.errors import InvalidArgument
 from inferbus_gateway.canonical import InferRequest, InferResponse
-from inferbus_gateway.classification import class_count
-from inferbus_gateway.sequences import sequence_flags
-from inferbus_gateway.sharedmemory import shm_ref
+from inferbus_gateway.triton.classification import class_count
+from inferbus_gateway.triton.sequences import sequence_flags
+from inferbus_gateway.triton.sharedmemory import shm_ref
 
 HEADER_LENGTH = "inference-header-content-length"
 

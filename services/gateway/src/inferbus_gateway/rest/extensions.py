@@ -35,7 +35,7 @@ from inferbus_common.errors import (
 )
 from inferbus_gateway.rest.repository import error_response
 from inferbus_gateway.service import InferenceService
-from inferbus_gateway.sharedmemory import CUDA_UNSUPPORTED
+from inferbus_gateway.triton.sharedmemory import CUDA_UNSUPPORTED
 
 log = logging.getLogger(__name__)
 

@@ -53,9 +53,9 @@ from inferbus_common.errors import (
     status_of,
 )
 from inferbus_common.generation import GenerationChunk, GenerationRequest
-from inferbus_gateway.access import RequestScope
 from inferbus_gateway.admission import BreakerOpen
 from inferbus_gateway.generation import GenerationCall, GenerationService
+from inferbus_gateway.observation.access import RequestScope
 
 log = logging.getLogger(__name__)
 

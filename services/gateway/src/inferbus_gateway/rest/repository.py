@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from inferbus_common.errors import InferbusError, InvalidArgument, Unauthenticated, status_of
-from inferbus_gateway.repository import RepositoryExtension
+from inferbus_gateway.triton.repository import RepositoryExtension
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from inferbus_common.logs import BufferedLines
 from inferbus_common.loopmetrics import LoopGauge, LoopHistogram
 from inferbus_gateway.admission import BreakerOpen
 from inferbus_gateway.canonical import InferRequest, InferResponse
-from inferbus_gateway.tracelog import TraceSettings
+from inferbus_gateway.triton.tracelog import TraceSettings
 
 access_log = logging.getLogger("inferbus_gateway.access")
 ACCESS_LINES = BufferedLines(access_log)

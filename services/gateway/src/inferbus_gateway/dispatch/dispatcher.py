@@ -47,7 +47,7 @@ from inferbus_common.loopmetrics import LoopCounter, LoopGauge, LoopHistogram
 from inferbus_common.replies import error_from_fields
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import FrameError, encode_tensors, tensor_frame_parts
-from inferbus_gateway.cpuload import CpuLoad
+from inferbus_gateway.dispatch.cpuload import CpuLoad
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from inferbus_common.drift import (
 )
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.canonical import InferRequest, InferResponse
-from inferbus_gateway.sampler import SampledQueue
+from inferbus_gateway.observation.sampler import SampledQueue
 
 DRIFT_PSI = Gauge(
     "inferbus_drift_psi",

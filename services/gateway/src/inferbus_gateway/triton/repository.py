@@ -26,7 +26,7 @@ from inferbus_common.errors import (
     error_from_status,
 )
 from inferbus_common.registrychannel import registry_channel
-from inferbus_gateway.lazyload import LazyLoader
+from inferbus_gateway.dispatch.lazyload import LazyLoader
 from inferbus_proto.registry import registry_pb2, registry_pb2_grpc
 
 log = logging.getLogger(__name__)

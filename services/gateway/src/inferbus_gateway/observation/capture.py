@@ -22,7 +22,7 @@ from prometheus_client import Counter
 from inferbus_common.capture import encode_capture
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.canonical import InferRequest, InferResponse
-from inferbus_gateway.sampler import SampledQueue
+from inferbus_gateway.observation.sampler import SampledQueue
 
 CAPTURES = Counter(
     "inferbus_gateway_capture_total",

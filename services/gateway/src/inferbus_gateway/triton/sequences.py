@@ -56,7 +56,7 @@ from inferbus_common.sequences import (
 )
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import encode_tensors
-from inferbus_gateway.dispatch import Reply
+from inferbus_gateway.dispatch.dispatcher import Reply
 
 log = logging.getLogger(__name__)
 
