@@ -36,7 +36,19 @@ from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.subjects import Subjects
 from inferbus_common.wire import encode_tensors
 from inferbus_gateway.dispatch.dispatcher import Reply
+from inferbus_gateway.dispatch.idempotency import IdempotencyCache
 from inferbus_gateway.grpc_api.servicer import GRPCInferenceServicer
+from inferbus_gateway.observation.auditbatch import AuditBatches
+from inferbus_gateway.pipeline import (
+    AuditTrail,
+    Dispatch,
+    Fallback,
+    Idempotency,
+    InferHandler,
+    RequestMetrics,
+    SharedMemory,
+    Step,
+)
 from inferbus_gateway.service import InferenceService
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 
@@ -115,16 +127,32 @@ class Context:
 
 async def run(calls: int, access_log: bool, audit: bool, profile: bool) -> float:
     """CPU µs per `ModelInfer` over `calls` calls after 2,000 warm-up calls."""
+    catalog = OneModelCatalog()
+    handler = InferHandler(
+        catalog,  # type: ignore[arg-type]
+        Dispatch(catalog, InstantDispatcher()),  # type: ignore[arg-type]
+        default_timeout_s=30.0,
+    )
+    client = DroppingClient()
+    # The steps `__main__.build_pipeline` assembles without admission, observers
+    # or shared memory.
+    steps: list[Step] = []
+    if audit:
+        batches = AuditBatches(client, Subjects("ib"), max_delay_s=0.02)  # type: ignore[arg-type]
+        steps.append(AuditTrail(batches, "gw-bench"))
+    steps += [
+        RequestMetrics(),
+        Fallback(handler),
+        SharedMemory(None),
+        Idempotency(IdempotencyCache(30.0)),
+    ]
     service = InferenceService(
-        DroppingClient(),  # type: ignore[arg-type]
-        OneModelCatalog(),  # type: ignore[arg-type]
-        InstantDispatcher(),  # type: ignore[arg-type]
+        client,  # type: ignore[arg-type]
+        catalog,  # type: ignore[arg-type]
+        handler,
         server_name="bench",
         version="1",
-        default_timeout_s=30.0,
-        audit_subjects=Subjects("ib") if audit else None,
-        audit_max_delay_s=0.02,
-        instance="gw-bench",
+        steps=steps,
     )
     service.catalog_loaded = True
     servicer = GRPCInferenceServicer(service, access_log=access_log)

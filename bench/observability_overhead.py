@@ -133,7 +133,7 @@ def metrics_cost_us() -> dict[str, float]:
     """Microseconds of the per-request metric operations, per service (in-process)."""
     from inferbus_batcher.metrics import QueueMetrics
     from inferbus_gateway.observation.access import IN_FLIGHT, _observe_stages
-    from inferbus_gateway.service import LATENCY, REQUESTS
+    from inferbus_gateway.pipeline.steps import LATENCY, REQUESTS
     from inferbus_router.router import ROUTE_SECONDS, ROUTED
     from inferbus_worker import metrics as wm
 

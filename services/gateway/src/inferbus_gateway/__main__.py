@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 import grpc
 import nats.errors
@@ -22,13 +23,29 @@ from inferbus_common.registrychannel import message_size_options
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission import Admission
 from inferbus_gateway.dispatch.dispatcher import Dispatcher
+from inferbus_gateway.dispatch.idempotency import IdempotencyCache
 from inferbus_gateway.dispatch.lazyload import LazyLoader
 from inferbus_gateway.generation import GenerationDispatcher, GenerationService
 from inferbus_gateway.grpc_api.servicer import GRPCInferenceServicer
 from inferbus_gateway.grpc_api.tolerant import add_servicer_to_server
+from inferbus_gateway.observation.auditbatch import AuditBatches
 from inferbus_gateway.observation.capture import PayloadCapture
 from inferbus_gateway.observation.drift import DriftMonitor
 from inferbus_gateway.observation.slo import ModelSloCollector
+from inferbus_gateway.pipeline import (
+    Admit,
+    AuditTrail,
+    Dispatch,
+    Fallback,
+    Idempotency,
+    InferHandler,
+    Observers,
+    Readiness,
+    RequestMetrics,
+    SharedMemory,
+    Step,
+)
+from inferbus_gateway.pipeline.steps import Observer
 from inferbus_gateway.rest.app import rest_app
 from inferbus_gateway.service import InferenceService
 from inferbus_gateway.settings import GatewaySettings
@@ -103,21 +120,29 @@ async def serve(settings: GatewaySettings) -> None:
                 default_timeout_s=settings.generation_max_timeout_s,
                 access_log=settings.access_log,
             )
+            handler = InferHandler(
+                catalog,
+                Dispatch(catalog, dispatcher, SequenceRouter(nc, catalog, subjects)),
+                default_timeout_s=settings.default_timeout_s,
+                readiness=Readiness(catalog, lazy),
+            )
             service = InferenceService(
                 nc,
                 catalog,
-                dispatcher,
+                handler,
                 server_name=settings.server_name,
                 version=__version__,
-                default_timeout_s=settings.default_timeout_s,
-                idempotency_window_s=settings.idempotency_window_s,
+                steps=build_pipeline(
+                    settings,
+                    handler,
+                    nc=nc,
+                    subjects=subjects,
+                    instance=instance,
+                    admission=admission,
+                    observers=[o.observe for o in (capture, drift) if o.enabled],
+                    shared_memory=shared_memory,
+                ),
                 admission=admission,
-                audit_subjects=subjects if settings.audit_enabled else None,
-                audit_max_delay_s=settings.audit_batch_ms / 1000.0,
-                instance=instance,
-                observers=[o.observe for o in (capture, drift) if o.enabled],
-                lazy=lazy,
-                sequences=SequenceRouter(nc, catalog, subjects),
                 shared_memory=shared_memory,
                 trace=TraceSettings.from_process(),
                 log_settings=LogSettings("gateway", settings.log_level, settings.log_format),
@@ -197,6 +222,52 @@ async def serve(settings: GatewaySettings) -> None:
                 await repository.close()
     finally:
         await shutdown(nc, settings.drain_timeout_s)
+
+
+def build_pipeline(
+    settings: GatewaySettings,
+    handler: InferHandler,
+    *,
+    nc: Client,
+    subjects: Subjects,
+    instance: str,
+    admission: Admission | None,
+    observers: Sequence[Observer],
+    shared_memory: SystemSharedMemory | None,
+) -> list[Step]:
+    """The steps around `handler`, in the order a ModelInfer meets them.
+
+    Audit and metrics are outermost, so they see every outcome, fallback
+    answers included; observers see only the model's own answers; the fallback
+    covers admission's refusals for load and the model's failures; admission
+    comes before any work (shared memory, idempotency) is spent on a request;
+    idempotency is innermost, so a replayed answer is still admitted, counted
+    and audited. Steps a setting turns off are left out.
+
+    Args:
+        settings: the gateway's settings (audit, idempotency window).
+        handler: answers requests with their model (also the backup model's).
+        nc: connected NATS client (audit records).
+        subjects: subject names (audit records).
+        instance: this gateway's id (audit records).
+        admission: admission control (None: admit all).
+        observers: see each request its model answered (payload capture, drift).
+        shared_memory: the system shared-memory regions (None: refused).
+    """
+    steps: list[Step] = []
+    if settings.audit_enabled:
+        batches = AuditBatches(nc, subjects, max_delay_s=settings.audit_batch_ms / 1000.0)
+        steps.append(AuditTrail(batches, instance))
+    steps.append(RequestMetrics())
+    if observers:
+        steps.append(Observers(observers))
+    steps.append(Fallback(handler))
+    if admission is not None:
+        steps.append(Admit(admission))
+    steps.append(SharedMemory(shared_memory))
+    if settings.idempotency_window_s > 0:
+        steps.append(Idempotency(IdempotencyCache(settings.idempotency_window_s)))
+    return steps
 
 
 async def _ensure_audit_stream(nc: Client, subjects: Subjects, settings: GatewaySettings) -> None:
