@@ -4,7 +4,7 @@ Each worker keeps cumulative counters for every version it serves and puts
 them in its heartbeat record (`catalog.WorkerStatus.stats`, the workers
 bucket). A gateway answering Triton's statistics extension sums the records
 of the live workers (`sum_stats`) and shapes the sum as Triton does
-(`inferbus_gateway.triton`). Counters are cumulative over a worker's
+(`inferbus_gateway.triton.documents`). Counters are cumulative over a worker's
 life: when a worker leaves (drained, or its heartbeat goes stale), its counts
 leave the sums. docs/architecture.md ("Triton's protocol extensions") says
 what each field measures.

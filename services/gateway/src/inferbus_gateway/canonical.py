@@ -46,12 +46,12 @@ class InferRequest:
     """Value of the client header the model's route is sticky on (``header:<Name>``)."""
     classification: dict[str, int] = field(default_factory=dict)
     """Output name → number of top classes to answer instead of the tensor
-    (Triton's classification extension, `inferbus_gateway.classification`)."""
+    (Triton's classification extension, `inferbus_gateway.triton.classification`)."""
     sequence: SequenceFlags | None = None
     """Triton's ``sequence_id``/``sequence_start``/``sequence_end`` (stateful models)."""
     turn: SequenceTurn | None = None
     """The request's place in its sequence's order, taken when a stream read it
-    (`inferbus_gateway.sequences.SequenceRouter.turn`); None: taken when sent."""
+    (`inferbus_gateway.triton.sequences.SequenceRouter.turn`); None: taken when sent."""
     streaming: bool = False
     """Came over ModelStreamInfer (decoupled models are served only there)."""
     shm_inputs: dict[str, ShmRef] = field(default_factory=dict)

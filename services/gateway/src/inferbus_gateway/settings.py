@@ -110,7 +110,7 @@ class GatewaySettings(ServiceSettings):
     direct_dispatch: bool = True
     """Send requests whose route leaves nothing to decide (no pinned version, no canary
     taking traffic, no shadow) straight to the stable version's batchers, skipping the
-    router hop (``inferbus_gateway.dispatch.plain_version``; what it saves:
+    router hop (``inferbus_gateway.dispatch.dispatcher.plain_version``; what it saves:
     docs/architecture.md, step 2). Off: every request goes through the router (its
     metrics and spans then count all traffic)."""
 

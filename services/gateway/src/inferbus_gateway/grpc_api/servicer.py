@@ -100,7 +100,7 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             max_in_flight=stream_max_in_flight,
         )
 
-    # --- Triton's model repository extension (inferbus_gateway.repository) ----------
+    # --- Triton's model repository extension (inferbus_gateway.triton.repository) ---
     def _repo(self) -> RepositoryExtension:
         if self._repository is None:
             raise Unavailable(
@@ -227,7 +227,7 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async for response in self._stream.serve(request_iterator, context):
             yield response
 
-    # --- Triton's shared-memory extensions (inferbus_gateway.sharedmemory) ----------
+    # --- Triton's shared-memory extensions (inferbus_gateway.triton.sharedmemory) ---
     def _shm(self) -> SystemSharedMemory:
         if self._service.shared_memory is None:
             raise Unavailable("system shared memory is not served by this gateway")
@@ -299,7 +299,7 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         return await _guard(context, run)
 
-    # --- Triton's trace and logging extensions (inferbus_gateway.tracelog) ----------
+    # --- Triton's trace and logging extensions (inferbus_gateway.triton.tracelog) ---
     def _trace(self) -> TraceSettings:
         if self._service.trace is None:
             raise Unavailable("trace settings are not served by this gateway")

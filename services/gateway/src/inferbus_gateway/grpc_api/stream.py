@@ -7,10 +7,10 @@ written as they come, in completion order; clients match them by request
 id. What a request gets depends on the model:
 
 * an ordinary tensor model: one response, ``triton_final_response: true``;
-* a decoupled tensor model (`inferbus_gateway.decoupled`): 0..n responses,
+* a decoupled tensor model (`inferbus_gateway.triton.decoupled`): 0..n responses,
   then an empty final one when the request asked for it
   (``triton_enable_empty_final_response``);
-* a generative model (`inferbus_gateway.tritonllm`, Triton's vLLM backend
+* a generative model (`inferbus_gateway.triton.llm`, Triton's vLLM backend
   contract): one response per generated chunk, or one at the end;
 * a sequence model: one response; the requests of one sequence are sent in
   the order the stream delivered them (their turn is taken as they are read).
@@ -274,7 +274,7 @@ class StreamHandler:
         context: grpc.aio.ServicerContext,
         out: asyncio.Queue[pb.ModelStreamInferResponse | None],
     ) -> None:
-        """A generative model: Triton's vLLM backend contract (`inferbus_gateway.tritonllm`)."""
+        """A generative model: Triton's vLLM backend contract (`inferbus_gateway.triton.llm`)."""
         if self._generation is None:
             raise Unavailable("this gateway does not serve generative models")
         scope = scope_for(self._service, request, headers, self._access_log)

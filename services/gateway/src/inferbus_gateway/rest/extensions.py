@@ -6,12 +6,12 @@ Paths and bodies as Triton's HTTP/REST protocol:
   offset, byte_size}]``; ``POST /v2/systemsharedmemory/region/{name}/register``
   with ``{"key", "offset", "byte_size"}``; ``POST
   /v2/systemsharedmemory[/region/{name}]/unregister``
-  (`inferbus_gateway.sharedmemory`);
+  (`inferbus_gateway.triton.sharedmemory`);
 * the same under ``/v2/cudasharedmemory``: status is empty, unregistering
   nothing succeeds, registering is 400 naming the unsupported extension;
 * ``GET|POST /v2[/models/{model}]/trace/setting`` (``trace_level`` a list,
   the others strings; ``null`` resets a model's key) and ``GET|POST
-  /v2/logging`` (`inferbus_gateway.tracelog`).
+  /v2/logging`` (`inferbus_gateway.triton.tracelog`).
 
 Errors are ``{"error": message}`` with the usual status codes.
 """
