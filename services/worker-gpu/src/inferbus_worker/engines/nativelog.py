@@ -27,6 +27,8 @@ import threading
 
 log = logging.getLogger("inferbus_worker.native")
 
+_SYNC = "\x00inferbus-native-log-sync"
+"""Written to fd 2 by `NativeLogRelay.lines_since`; never relayed."""
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ORT_LEVEL = re.compile(r"\[([VIWEF]):onnxruntime")
 _TRT_LEVEL = re.compile(r"\[(?:TRT|TensorRT)\]\s*\[([VIWEF])\]")
@@ -56,6 +58,9 @@ class NativeLogRelay:
         self._recent: collections.deque[tuple[int, str]] = collections.deque(maxlen=keep)
         self._seq = 0
         self._lock = threading.Lock()
+        self._synced = threading.Condition(self._lock)
+        self._syncs_sent = 0
+        self._syncs_seen = 0
         self._saved: int | None = None
         self._thread: threading.Thread | None = None
 
@@ -93,7 +98,18 @@ class NativeLogRelay:
             return self._seq
 
     def lines_since(self, mark: int) -> list[str]:
-        """Native (non-JSON) lines read after `mark`, oldest first."""
+        """Native (non-JSON) lines written after `mark`, oldest first.
+
+        Waits (up to a second) until the reader has read everything written to
+        fd 2 before the call: a sync line goes through the pipe behind them.
+        """
+        if self._saved is not None:
+            with self._lock:
+                self._syncs_sent += 1
+                want = self._syncs_sent
+            _write(2, _SYNC)
+            with self._synced:
+                self._synced.wait_for(lambda: self._syncs_seen >= want, timeout=1.0)
         with self._lock:
             return [line for seq, line in self._recent if seq > mark]
 
@@ -111,6 +127,11 @@ class NativeLogRelay:
                 self._relay(pending.decode("utf-8", "replace"), out)
 
     def _relay(self, line: str, out: int) -> None:
+        if line == _SYNC:
+            with self._synced:
+                self._syncs_seen += 1
+                self._synced.notify_all()
+            return
         if line.startswith("{"):
             _write(out, line)
             return
