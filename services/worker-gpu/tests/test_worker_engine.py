@@ -15,6 +15,7 @@ from inferbus_worker.engines import (
     EngineError,
     EngineInputError,
     OnnxRuntimeEngine,
+    ProviderUnavailable,
     TensorRTEngine,
     build_engine,
     choose_providers,
@@ -76,10 +77,14 @@ def test_providers_are_wanted_and_available(tmp_path: Path) -> None:
     chosen = choose_providers(["tensorrt", "cuda", "cpu"], available, trt_cache_dir=tmp_path)
     assert [p if isinstance(p, str) else p[0] for p in chosen] == available
     _, trt_opts = chosen[0]
-    assert trt_opts["trt_engine_cache_enable"] is True
+    assert trt_opts["trt_engine_cache_enable"] == "1"
     assert trt_opts["trt_engine_cache_path"] == str(tmp_path)
+    assert trt_opts["trt_fp16_enable"] == "0"
+    _, cuda_opts = chosen[1]
+    assert cuda_opts["device_id"] == "0"
     assert choose_providers(["cuda", "cpu"], ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
-    with pytest.raises(EngineError, match="none of the execution providers"):
+    # A GPU-only version on a build without its provider: refused, permanently.
+    with pytest.raises(ProviderUnavailable, match="none of the execution providers"):
         choose_providers(["cuda"], ["CPUExecutionProvider"])
 
 

@@ -22,6 +22,7 @@ from pydantic import (
 
 from inferbus_common.codec import Tensor, check_raw_size, deserialize_bytes, serialize_bytes
 from inferbus_common.datatypes import ALL_DATATYPES
+from inferbus_common.engineconfig import EngineConfig, InstanceGroup, check_instance_group
 from inferbus_common.errors import InvalidArgument
 
 
@@ -104,19 +105,6 @@ class BatchingConfig(BaseModel):
         if self.default_priority > self.priority_levels:
             raise ValueError("default_priority must be within 1..priority_levels")
         return self
-
-
-class EngineConfig(BaseModel):
-    """Which engine runs the model and how."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["onnxruntime", "tensorrt", "vllm"] = "onnxruntime"
-    """``vllm``: a generative model served by the LLM worker (see `GenerationConfig`)."""
-    providers: list[Literal["cpu", "cuda", "tensorrt"]] = Field(default_factory=lambda: ["cpu"])
-    """Execution providers in order of preference; the worker uses what it has."""
-    intra_op_threads: int = Field(default=1, ge=0)
-    inter_op_threads: int = Field(default=1, ge=0)
 
 
 class GenerationConfig(BaseModel):
@@ -505,6 +493,7 @@ _OMITTED_WHEN_DEFAULT: dict[str, Any] = {
     "load_policy": "eager",
     "sequence_batching": None,
     "decoupled": None,
+    "instance_group": None,
 }
 """`ModelConfig` fields added after the first release: left out of dumps at their default."""
 
@@ -526,7 +515,11 @@ class ModelConfig(BaseModel):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     instance_count: int = Field(default=1, ge=1)
-    """Concurrent executions of the model per worker."""
+    """Concurrent executions of the model per worker (one shared session; with
+    `instance_group`, its instance count: one session each)."""
+    instance_group: InstanceGroup | None = None
+    """Triton's instance group: engine instances with their own sessions, their
+    kind and GPUs (see `inferbus_common.engineconfig`); None: one session."""
     pool: str = "default"
     """Worker pool the version is placed on."""
     slo_p99_ms: float | None = Field(default=None, gt=0)
@@ -584,6 +577,7 @@ class ModelConfig(BaseModel):
         _check_processing(self)
         _check_sequences(self)
         _check_decoupled(self)
+        check_instance_group(self)
         return self
 
     def label_files(self) -> list[str]:

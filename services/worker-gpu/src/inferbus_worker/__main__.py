@@ -5,6 +5,7 @@ from __future__ import annotations
 from inferbus_common import tracing
 from inferbus_common.lifecycle import run, stop_event_on_signals
 from inferbus_common.logs import setup_logging
+from inferbus_worker.engines.nativelog import relay_native_logs
 from inferbus_worker.gpu import register_nvml_collector
 from inferbus_worker.settings import WorkerSettings
 from inferbus_worker.worker import Worker
@@ -21,6 +22,8 @@ def main() -> None:
     """Entry point: build settings once, set up logging, run the event loop."""
     settings = WorkerSettings()
     setup_logging("worker", settings.log_level, settings.log_format)
+    # ONNX Runtime and TensorRT write to fd 2 themselves: relay them as JSON lines.
+    relay_native_logs()
     tracing.setup_tracing("worker", settings, settings.instance_id)
     register_nvml_collector()
     try:

@@ -89,7 +89,6 @@ from inferbus_worker.engines import (
     EngineError,
     EngineInputError,
     PermanentEngineError,
-    TensorRTEngine,
 )
 from inferbus_worker.isolation import run_alone
 from inferbus_worker.microbatch import (
@@ -114,15 +113,9 @@ _NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError)
 """Failures talking to NATS: transient, the batch is redelivered."""
 
 
-_GPU_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider"})
-
-
 def runs_on_gpu(engine: Engine) -> bool:
-    """Whether `engine` computes on a GPU (TensorRT, or ONNX Runtime with a GPU provider)."""
-    if isinstance(engine, TensorRTEngine):
-        return True
-    providers = getattr(engine, "providers", None) or []
-    return any(p in _GPU_PROVIDERS for p in providers)
+    """Whether `engine` really computes on a GPU (its `Engine.device_kind`)."""
+    return engine.device_kind == "gpu"
 
 
 class InlineRuns:

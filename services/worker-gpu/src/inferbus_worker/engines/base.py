@@ -7,7 +7,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from inferbus_common.errors import Internal, InvalidArgument
+from inferbus_common.engineconfig import DeviceKind
+from inferbus_common.errors import FailedPrecondition, Internal, InvalidArgument
 from inferbus_common.modelconfig import ModelConfig
 
 
@@ -19,6 +20,16 @@ class PermanentEngineError(EngineError):
     """The engine failed in a way that will recur for the same inputs, on any worker
     (a kernel failing on its data), and not through the input's fault: answered
     INTERNAL at once, never retried."""
+
+
+class ProviderUnavailable(FailedPrecondition):
+    """A version that may not compute on the CPU did not get its GPU provider here
+    (no visible GPU, CUDA libraries missing, TensorRT failing to start).
+
+    A load failure that retrying on this worker cannot fix: the version's
+    state becomes ``failed permanently: <this text>`` and clients get
+    FAILED_PRECONDITION naming it, instead of answers computed on the CPU.
+    """
 
 
 class EngineInputError(InvalidArgument):
@@ -37,6 +48,11 @@ class Engine(Protocol):
     @property
     def description(self) -> str:
         """Backend and providers in words, for logs and status."""
+        ...
+
+    @property
+    def device_kind(self) -> DeviceKind:
+        """Where the loaded engine really computes (``cpu`` or ``gpu``)."""
         ...
 
     def load(self) -> None:

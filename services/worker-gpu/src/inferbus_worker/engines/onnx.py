@@ -18,8 +18,21 @@ from typing import Any
 
 import numpy as np
 
-from inferbus_common.modelconfig import EngineConfig
-from inferbus_worker.engines.base import EngineError, EngineInputError, PermanentEngineError
+from inferbus_common.engineconfig import (
+    GPU_PROVIDERS,
+    CudaOptions,
+    DeviceKind,
+    EngineConfig,
+    TensorRTOptions,
+)
+from inferbus_worker.engines.base import (
+    EngineError,
+    EngineInputError,
+    PermanentEngineError,
+    ProviderUnavailable,
+)
+from inferbus_worker.engines.iobinding import CudaBinding
+from inferbus_worker.engines.nativelog import RELAY
 
 log = logging.getLogger(__name__)
 
@@ -30,67 +43,134 @@ _PROVIDER_NAMES = {
 }
 """Config names → ONNX Runtime execution provider names."""
 
+_GPU_EXECUTION_PROVIDERS = frozenset(_PROVIDER_NAMES[name] for name in GPU_PROVIDERS)
+
+Provider = str | tuple[str, dict[str, str]]
+"""A provider as ``InferenceSession`` takes it: a name, or a name and its options."""
+
+
+def provider_name(provider: Provider) -> str:
+    """The execution provider's name, with or without options."""
+    return provider if isinstance(provider, str) else provider[0]
+
 
 def choose_providers(
-    wanted: Sequence[str], available: Sequence[str], *, trt_cache_dir: Path | None = None
-) -> list[str | tuple[str, dict[str, Any]]]:
+    wanted: Sequence[str],
+    available: Sequence[str],
+    *,
+    cuda: CudaOptions | None = None,
+    tensorrt: TensorRTOptions | None = None,
+    trt_cache_dir: Path | None = None,
+    device_id: int | None = None,
+) -> list[Provider]:
     """Providers to open a session with: `wanted` (in order) that are `available`.
 
     Args:
         wanted: config names (``cpu``, ``cuda``, ``tensorrt``) in order of preference.
         available: what ``onnxruntime.get_available_providers()`` reports.
+        cuda: the version's CUDA options (None: the defaults).
+        tensorrt: the version's TensorRT options (None: the defaults).
         trt_cache_dir: where the TensorRT provider keeps built engines, so a
             restart does not rebuild them (minutes for large models).
+        device_id: the GPU this instance was placed on (overrides the options').
 
     Raises:
-        EngineError: none of the wanted providers is available here.
+        ProviderUnavailable: none of the wanted providers is in this build.
     """
-    chosen: list[str | tuple[str, dict[str, Any]]] = []
+    chosen: list[Provider] = []
     for name in wanted:
         provider = _PROVIDER_NAMES[name]
         if provider not in available:
             log.warning("execution provider %s is not available here; skipping it", provider)
             continue
-        if provider == "TensorrtExecutionProvider":
-            opts: dict[str, Any] = {"trt_fp16_enable": False}
+        if name == "tensorrt":
+            cache = None
             if trt_cache_dir is not None:
                 trt_cache_dir.mkdir(parents=True, exist_ok=True)
-                opts |= {
-                    "trt_engine_cache_enable": True,
-                    "trt_engine_cache_path": str(trt_cache_dir),
-                    "trt_timing_cache_enable": True,
-                    "trt_timing_cache_path": str(trt_cache_dir),
-                }
+                cache = str(trt_cache_dir)
+            opts = (tensorrt or TensorRTOptions()).provider_options(cache, device_id)
             chosen.append((provider, opts))
-        elif provider == "CUDAExecutionProvider":
-            chosen.append((provider, {"device_id": 0}))
+        elif name == "cuda":
+            chosen.append((provider, (cuda or CudaOptions()).provider_options(device_id)))
         else:
             chosen.append(provider)
     if not chosen:
-        raise EngineError(
+        raise ProviderUnavailable(
             f"none of the execution providers {list(wanted)} is available "
             f"(this onnxruntime has {list(available)})"
         )
     return chosen
 
 
+def check_session_providers(
+    asked: Sequence[Provider], got: Sequence[str], *, cpu_allowed: bool, why: Sequence[str] = ()
+) -> None:
+    """Refuse a session that did not get the provider asked for first, unless CPU is allowed.
+
+    ONNX Runtime drops a provider that cannot start (no visible GPU, CUDA
+    libraries not found) with a warning and computes on the CPU; a version
+    whose config leaves ``cpu`` out must not be served that way.
+
+    Args:
+        asked: the providers the session was opened with, in order.
+        got: what the session reports (``get_providers()``).
+        cpu_allowed: the config lists ``cpu``: any outcome is acceptable.
+        why: ONNX Runtime's own warnings from opening the session.
+
+    Raises:
+        ProviderUnavailable: the first provider asked for is not the first one got.
+    """
+    if cpu_allowed or not asked:
+        return
+    first = provider_name(asked[0])
+    if got and got[0] == first:
+        return
+    reason = " | ".join(" ".join(w.split()) for w in why if w.strip())
+    raise ProviderUnavailable(
+        f"execution provider {first} did not start (the session got {list(got)}), and the "
+        "config does not allow the CPU (no 'cpu' in engine.providers)"
+        + (f": {reason[:1500]}" if reason else "")
+    )
+
+
 class OnnxRuntimeEngine:
     """Runs an ONNX model with ONNX Runtime.
 
     One `InferenceSession` serves every concurrent `run`: ONNX Runtime's
-    ``run`` is thread-safe and releases the GIL while computing.
+    ``run`` is thread-safe and releases the GIL while computing. On the CUDA
+    provider with ``io_binding`` (the default) runs go through
+    `inferbus_worker.engines.iobinding` instead: one copy in, one out.
 
     Args:
         path: the ``.onnx`` file.
-        engine: the config's engine section (providers, thread counts).
+        engine: the config's engine section (providers, thread counts, options).
         trt_cache_dir: engine cache of the TensorRT execution provider.
+        device_id: the GPU this instance was placed on (None: the options' own).
+        cpu_only: run on the CPU provider alone (an instance group of KIND_CPU).
+        batched: the model's axis 0 is the batch axis (``max_batch_size`` > 0).
+        batch_sizes: the sizes CUDA graphs are captured for (padded up to).
     """
 
-    def __init__(self, path: Path, engine: EngineConfig, *, trt_cache_dir: Path | None = None):
+    def __init__(
+        self,
+        path: Path,
+        engine: EngineConfig,
+        *,
+        trt_cache_dir: Path | None = None,
+        device_id: int | None = None,
+        cpu_only: bool = False,
+        batched: bool = True,
+        batch_sizes: Sequence[int] = (),
+    ):
         self._path = path
         self._engine = engine
         self._trt_cache_dir = trt_cache_dir
+        self._device_id = device_id
+        self._cpu_only = cpu_only
+        self._batched = batched
+        self._batch_sizes = tuple(batch_sizes)
         self._session: Any = None
+        self._binding: Any = None
         self._providers: list[str] = []
         self._input_errors: tuple[type[BaseException], ...] = ()
         self._string_inputs: frozenset[str] = frozenset()
@@ -98,24 +178,53 @@ class OnnxRuntimeEngine:
 
     @property
     def description(self) -> str:
-        """``onnxruntime[<providers>]``."""
-        return f"onnxruntime[{','.join(self._providers)}]"
+        """``onnxruntime[<providers>]`` (and the GPU and feeding when on CUDA)."""
+        text = f"onnxruntime[{','.join(self._providers)}]"
+        if self.device_kind == "gpu":
+            text += f" on cuda:{self._gpu()}"
+        if self._binding is not None:
+            text += f" {self._binding.description}"
+        return text
 
     @property
     def providers(self) -> list[str]:
         """Providers the session really uses, in order."""
         return list(self._providers)
 
+    @property
+    def device_kind(self) -> DeviceKind:
+        """``gpu`` when the session's first provider computes on a GPU."""
+        if self._providers and self._providers[0] in _GPU_EXECUTION_PROVIDERS:
+            return "gpu"
+        return "cpu"
+
+    def _gpu(self) -> int:
+        if self._device_id is not None:
+            return self._device_id
+        options = self._engine.cuda or self._engine.tensorrt
+        return options.device_id if options is not None else 0
+
     def load(self) -> None:
-        """Open the inference session."""
+        """Open the inference session, on the provider asked for or not at all.
+
+        Raises:
+            ProviderUnavailable: the config leaves ``cpu`` out and its first
+                provider is missing or did not start (ONNX Runtime's reason quoted).
+            EngineError: the file is no model ONNX Runtime can open.
+        """
         import onnxruntime as ort
         from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
         self._input_errors = (ort_state.InvalidArgument, ValueError, TypeError)
+        wanted = ["cpu"] if self._cpu_only else self._engine.providers
+        cpu_allowed = self._cpu_only or self._engine.cpu_allowed
         providers = choose_providers(
-            self._engine.providers,
+            wanted,
             ort.get_available_providers(),
+            cuda=self._engine.cuda,
+            tensorrt=self._engine.tensorrt,
             trt_cache_dir=self._trt_cache_dir,
+            device_id=self._device_id,
         )
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self._engine.intra_op_threads
@@ -123,19 +232,56 @@ class OnnxRuntimeEngine:
         if self._engine.inter_op_threads > 1:
             opts.execution_mode = ort.ExecutionMode.ORT_PARALLEL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.log_severity_level = 3
+        # Warnings too: they reach the JSON log through the native log relay, and
+        # say why a provider did not start or which nodes fell back to the CPU.
+        opts.log_severity_level = 2
+        mark = RELAY.mark()
         try:
-            self._session = ort.InferenceSession(str(self._path), opts, providers=providers)
+            # No fallback: ONNX Runtime would otherwise retry on the CPU alone when a
+            # provider fails to start (and print why to stdout).
+            session = ort.InferenceSession(
+                str(self._path), opts, providers=providers, enable_fallback=0
+            )
         # ORT raises its own exception classes for bad files (CancelledError is no Exception).
         except Exception as exc:
+            if not cpu_allowed and _mentions_device(exc):
+                raise ProviderUnavailable(
+                    f"execution provider {provider_name(providers[0])} failed to start "
+                    f"for {self._path.name}: {_one_line(exc)[:1500]}"
+                ) from exc
             raise EngineError(f"cannot load {self._path.name}: {exc}") from exc
-        self._providers = self._session.get_providers()
+        check_session_providers(
+            providers,
+            session.get_providers(),
+            cpu_allowed=cpu_allowed,
+            why=RELAY.lines_since(mark),
+        )
+        self._session = session
+        self._providers = session.get_providers()
         self._string_inputs = frozenset(
-            m.name for m in self._session.get_inputs() if m.type == _ORT_STRING
+            m.name for m in session.get_inputs() if m.type == _ORT_STRING
         )
         self._string_outputs = frozenset(
-            m.name for m in self._session.get_outputs() if m.type == _ORT_STRING
+            m.name for m in session.get_outputs() if m.type == _ORT_STRING
         )
+        cuda = self._engine.cuda or CudaOptions()
+        if (
+            self._providers[0] == "CUDAExecutionProvider"
+            and (cuda.io_binding or cuda.enable_cuda_graph)
+            and not (self._string_inputs or self._string_outputs)
+        ):
+            dtypes = {
+                m.name: _ORT_NUMPY.get(m.type, np.float32)
+                for m in [*session.get_inputs(), *session.get_outputs()]
+            }
+            self._binding = CudaBinding(
+                session,
+                self._gpu(),
+                dtypes=dtypes,
+                batched=self._batched,
+                cuda_graph=cuda.enable_cuda_graph,
+                batch_sizes=self._batch_sizes,
+            )
 
     def warmup(self, batch_sizes: Sequence[int]) -> None:
         """Run zeros through the model once per batch size.
@@ -187,6 +333,8 @@ class OnnxRuntimeEngine:
         for name in self._string_inputs.intersection(feeds):
             feeds[name] = texts_for_ort(name, feeds[name])
         try:
+            if self._binding is not None:
+                return self._binding.run(feeds, output_names)
             results = session.run(list(output_names), feeds)
         except self._input_errors as exc:
             raise EngineInputError(f"model rejected the inputs: {_one_line(exc)}") from exc
@@ -208,6 +356,9 @@ class OnnxRuntimeEngine:
 
     def close(self) -> None:
         """Drop the session (ONNX Runtime frees its memory with it)."""
+        if self._binding is not None:
+            self._binding.close()
+            self._binding = None
         self._session = None
 
 
@@ -215,6 +366,12 @@ _ORT_STRING = "tensor(string)"
 
 _DEVICE_MARKERS = ("alloc", "memory", "cuda", "cudnn", "cublas", "tensorrt", "device", "gpu")
 """Words in an ONNX Runtime error that point at the device, not at the input."""
+
+
+def _mentions_device(exc: BaseException) -> bool:
+    """Whether a failure to open a session names the device or a provider."""
+    lowered = str(exc).lower()
+    return any(m in lowered for m in (*_DEVICE_MARKERS, "provider", "libcu", "nvidia"))
 
 
 def permanent_failure(exc: BaseException) -> bool:

@@ -14,6 +14,7 @@ back into fresh host arrays that the worker slices per request.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Mapping, Sequence
@@ -23,7 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from inferbus_worker.engines.base import EngineError, EngineInputError
+from inferbus_common.engineconfig import DeviceKind
+from inferbus_worker.engines.base import EngineError, EngineInputError, ProviderUnavailable
+
+log = logging.getLogger(__name__)
 
 
 def _import_cudart() -> Any:
@@ -60,6 +64,7 @@ class TensorRTEngine:
         self._trt: Any = None
         self._cudart: Any = None
         self._runtime: Any = None
+        self._logger: Any = None
         self._engine: Any = None
         self._inputs: list[str] = []
         self._outputs: list[str] = []
@@ -72,6 +77,11 @@ class TensorRTEngine:
     def description(self) -> str:
         """``tensorrt[cuda:<device>]``."""
         return f"tensorrt[cuda:{self._device}]"
+
+    @property
+    def device_kind(self) -> DeviceKind:
+        """Always ``gpu``: a TensorRT plan runs nowhere else (it fails to load instead)."""
+        return "gpu"
 
     def _check(self, result: Any) -> Any:
         """Unwrap a cuda-python ``(err, *values)`` tuple, raising on errors."""
@@ -96,8 +106,15 @@ class TensorRTEngine:
         except ImportError as exc:
             raise EngineError("cuda-python is not installed (use the gpu extra)") from exc
         self._trt = trt
-        self._check(self._cudart.cudaSetDevice(self._device))
-        self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        try:
+            self._check(self._cudart.cudaSetDevice(self._device))
+        except EngineError as exc:
+            # No visible GPU (or not this one): a plan cannot run anywhere else.
+            raise ProviderUnavailable(
+                f"TensorRT cannot use GPU {self._device}: {exc.message}"
+            ) from exc
+        self._logger = _logger(trt)  # TensorRT keeps no reference of its own
+        self._runtime = trt.Runtime(self._logger)
         self._engine = self._runtime.deserialize_cuda_engine(self._path.read_bytes())
         if self._engine is None:
             raise EngineError(
@@ -229,3 +246,23 @@ class TensorRTEngine:
             self._all_slots.clear()
             self._engine = None
             self._runtime = None
+
+
+def _logger(trt: Any) -> Any:
+    """A TensorRT logger that writes through Python logging (JSON lines), not to stderr."""
+    levels = {
+        trt.ILogger.Severity.INTERNAL_ERROR: logging.CRITICAL,
+        trt.ILogger.Severity.ERROR: logging.ERROR,
+        trt.ILogger.Severity.WARNING: logging.WARNING,
+        trt.ILogger.Severity.INFO: logging.DEBUG,  # per-layer chatter at INFO
+        trt.ILogger.Severity.VERBOSE: logging.DEBUG,
+    }
+
+    class _Logger(trt.ILogger):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+
+        def log(self, severity: Any, msg: str) -> None:
+            log.log(levels.get(severity, logging.WARNING), "tensorrt: %s", msg)
+
+    return _Logger()
