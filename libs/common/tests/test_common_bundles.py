@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferbus_common.bundles import (
+from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.protocol.bundles import (
     BundledReply,
     BundledRequest,
     ReplyGroups,
@@ -15,14 +16,15 @@ from inferbus_common.bundles import (
     encode_request_bundle,
     is_request_bundle,
 )
-from inferbus_common.codec import tensor_from_numpy
-from inferbus_common.wire import (
+from inferbus_common.protocol.framing import FrameError
+from inferbus_common.protocol.microbatch import (
     BatchEntry,
-    FrameError,
     decode_batch,
-    decode_tensors,
     encode_batch,
     encode_joined_batch,
+)
+from inferbus_common.protocol.tensors import (
+    decode_tensors,
     encode_tensors,
     join_tensors,
     tensor_frame_parts,

@@ -9,14 +9,11 @@ import pytest
 
 from inferbus_common.codec import Tensor, serialize_bytes, tensor_from_numpy
 from inferbus_common.errors import InvalidArgument, StatusCode
-from inferbus_common.wire import (
-    BatchEntry,
-    FrameError,
-    MicroBatch,
+from inferbus_common.protocol.framing import FrameError
+from inferbus_common.protocol.microbatch import BatchEntry, MicroBatch, decode_batch, encode_batch
+from inferbus_common.protocol.tensors import (
     batch_signature,
-    decode_batch,
     decode_tensors,
-    encode_batch,
     encode_tensors,
     join_tensors,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from inferbus_common.codec import tensor_from_numpy
-from inferbus_common.wire import BatchEntry, decode_batch, encode_batch
+from inferbus_common.protocol.microbatch import BatchEntry, decode_batch, encode_batch
 
 
 def test_mirror_subjects_round_trip_and_plain_batches_stay_ibb1() -> None:

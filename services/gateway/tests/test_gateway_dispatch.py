@@ -9,19 +9,19 @@ import time
 import numpy as np
 import pytest
 
-from inferbus_common import headers as h
-from inferbus_common.bundles import (
+from inferbus_common.catalog import Route
+from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.bundles import (
     BundledReply,
     RequestBundle,
     decode_request_bundle,
     encode_reply_bundle,
     is_request_bundle,
 )
-from inferbus_common.catalog import Route
-from inferbus_common.codec import tensor_from_numpy
-from inferbus_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import decode_tensors
 from inferbus_gateway.dispatch import DUPLICATE_REPLIES, Dispatcher, plain_version
 
 SUBJECTS = Subjects("ib")

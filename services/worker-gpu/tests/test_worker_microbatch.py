@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferbus_common import headers as h
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.errors import InvalidArgument, StatusCode
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.microbatch import BatchEntry, MicroBatch, decode_batch, encode_batch
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.validation import RequestChecker
-from inferbus_common.wire import BatchEntry, MicroBatch, decode_batch, decode_tensors, encode_batch
 from inferbus_worker.microbatch import (
     BatchReplies,
     LiveRequest,

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from nats.aio.msg import Msg
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import DeployedVersion, Route, WorkerStatus, ensure_kv
 from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.microbatch import BatchEntry, encode_batch
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import BatchEntry, encode_batch
 from inferbus_testing.processes import ServiceProcess
 from inferbus_worker.artifacts import ArtifactCache
 

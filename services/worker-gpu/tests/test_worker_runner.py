@@ -21,14 +21,15 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerInfo
 from prometheus_client import REGISTRY
 
-from inferbus_common import headers as h
-from inferbus_common.bundles import decode_reply_bundle
 from inferbus_common.bus import ensure_batch_stream
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.modelconfig import EngineConfig
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.bundles import decode_reply_bundle
+from inferbus_common.protocol.microbatch import BatchEntry, encode_batch
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import BatchEntry, decode_tensors, encode_batch
 from inferbus_worker.engines import EngineError, OnnxRuntimeEngine, TensorRTEngine
 from inferbus_worker.runner import InlineRuns, ModelRunner, runs_on_gpu
 from inferbus_worker.settings import WorkerSettings

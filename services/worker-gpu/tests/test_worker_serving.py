@@ -24,11 +24,12 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from prometheus_client import REGISTRY
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import DeployedVersion, Route, WorkerStatus, ensure_kv
 from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.microbatch import BatchEntry, encode_batch
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import BatchEntry, decode_tensors, encode_batch
 from inferbus_worker.artifacts import ArtifactCache
 from inferbus_worker.settings import WorkerSettings
 from inferbus_worker.worker import Worker

@@ -19,13 +19,14 @@ import pytest
 from nats.aio.msg import Msg
 from onnx import TensorProto, helper
 
-from inferbus_common import headers as h
 from inferbus_common.bus import ensure_batch_stream
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.codec import raw_to_numpy, serialize_bytes, tensor_from_numpy
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.microbatch import BatchEntry, encode_batch
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import BatchEntry, decode_tensors, encode_batch
 from inferbus_testing.stringmodels import write_identity_bytes, write_parse_int
 from inferbus_worker.engines import (
     EngineError,

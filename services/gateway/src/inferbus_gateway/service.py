@@ -12,7 +12,6 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from inferbus_common import headers as h
 from inferbus_common.audit import encode_record
 from inferbus_common.catalog import Catalog, DeployedVersion, is_rejected, not_ready_error
 from inferbus_common.errors import (
@@ -28,9 +27,12 @@ from inferbus_common.errors import (
 from inferbus_common.loopmetrics import LoopCounter, LoopHistogram
 from inferbus_common.modelconfig import TensorSpec
 from inferbus_common.modelstats import sum_stats
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.envelope import Envelope
+from inferbus_common.protocol.framing import FrameError
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
 from inferbus_common.validation import RequestChecker
-from inferbus_common.wire import FrameError, decode_tensors
 from inferbus_gateway.admission import Admission, BreakerOpen, fallback_outputs
 from inferbus_gateway.auditbatch import AuditBatches
 from inferbus_gateway.canonical import InferRequest, InferResponse
@@ -619,16 +621,18 @@ class InferenceService:
             reply = await self._sequence_call(dv, request, request_id, deadline_ns)
         else:
             reply = await self._dispatcher.call(
-                request.model,
-                version=request.version,
-                request_id=request_id,
-                tensors=request.inputs,
-                outputs=request.outputs,
-                deadline_ns=deadline_ns,
-                priority=request.priority,
-                traceparent=request.traceparent,
-                tenant=request.tenant,
-                sticky_key=request.sticky_key,
+                Envelope(
+                    request_id,
+                    request.model,
+                    deadline_ns,
+                    request.version,
+                    request.priority,
+                    tuple(request.outputs),
+                    request.traceparent,
+                    request.tenant,
+                    request.sticky_key,
+                ),
+                request.inputs,
                 route=self._catalog.routes.get(request.model),
                 max_rows=dv.config.max_batch_size,
             )
