@@ -33,8 +33,8 @@ from inferbus_common.catalog import DeployedVersion, Route
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.logs import setup_logging
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol.tensors import encode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import encode_tensors
 from inferbus_gateway.dispatch.dispatcher import Reply
 from inferbus_gateway.dispatch.idempotency import IdempotencyCache
 from inferbus_gateway.grpc_api.servicer import GRPCInferenceServicer

@@ -109,8 +109,8 @@ def round5_steps() -> list[tuple[str, Callable[[], object], Callable[[], object]
     from make_model import model_config
 
     from inferbus_common.codec import tensor_from_numpy
+    from inferbus_common.protocol.microbatch import BatchEntry, MicroBatch
     from inferbus_common.validation import RequestChecker
-    from inferbus_common.wire import BatchEntry, MicroBatch
     from inferbus_worker.microbatch import BatchReplies, LiveRequest, ReplyContext, ok_reply
 
     config = model_config("fraud", 64, 2)

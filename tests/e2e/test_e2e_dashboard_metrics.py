@@ -32,10 +32,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from inferbus_client.registry import RegistryClient
-from inferbus_common import headers as h
 from inferbus_common.admission.keys import AdmissionKeys
 from inferbus_common.admission.limits import Limit, Scope, delete_limit, set_limit
 from inferbus_common.drift import build_profile
+from inferbus_common.protocol import headers as h
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission.quota import Quota, delete_quota, set_quota
 

@@ -23,9 +23,9 @@ from inferbus_common.catalog import Catalog, DeployedVersion, WorkerStatus, ensu
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.sequences import SequenceFlags, place
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import decode_tensors
 from inferbus_gateway.triton.sequences import SequenceRouter, check_sequence_request
 from inferbus_testing.tritonmodels import write_simple_string_dyna_sequence
 from inferbus_worker.engines import OnnxRuntimeEngine

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferbus_common.bundles import (
+from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.protocol.bundles import (
     BundledReply,
     BundledRequest,
     ReplyGroups,
@@ -13,16 +14,16 @@ from inferbus_common.bundles import (
     decode_request_bundle,
     encode_reply_bundle,
     encode_request_bundle,
-    is_request_bundle,
 )
-from inferbus_common.codec import tensor_from_numpy
-from inferbus_common.wire import (
+from inferbus_common.protocol.envelope import Envelope
+from inferbus_common.protocol.framing import FrameError
+from inferbus_common.protocol.microbatch import (
     BatchEntry,
-    FrameError,
     decode_batch,
-    decode_tensors,
-    encode_batch,
     encode_joined_batch,
+)
+from inferbus_common.protocol.tensors import (
+    decode_tensors,
     encode_tensors,
     join_tensors,
     tensor_frame_parts,
@@ -37,14 +38,19 @@ def _tensors(rows: int, start: float = 0.0):
 
 def test_request_bundle_round_trip_keeps_every_field_and_frame() -> None:
     reqs = [
-        BundledRequest(7, "r-7", 123, 100, 2, ("y", "z"), "00-tp", "acme", "k1", "canary"),
-        BundledRequest(8, "r-8", 456, 0, mirror="ib.reply.r.shadow.pb", mirror_token=99),
+        BundledRequest(
+            Envelope("r-7", "m", 123, "canary", 2, ("y", "z"), "00-tp", "acme", "k1"), 7, 100
+        ),
+        BundledRequest(
+            Envelope("r-8", "m", 456), 8, mirror="ib.reply.r.shadow.pb", mirror_token=99
+        ),
     ]
     groups = [_tensors(2), _tensors(3, 100.0)]
     data = encode_request_bundle(
         "m", "3", "ib.reply.gw.b", reqs, [tensor_frame_parts(g) for g in groups]
     )
-    assert is_request_bundle(data) and not is_request_bundle(encode_tensors(groups[0]))
+    with pytest.raises(FrameError, match="bad magic"):
+        decode_request_bundle(encode_tensors(groups[0]))
     bundle = decode_request_bundle(data)
     assert (bundle.model, bundle.version, bundle.inbox) == ("m", "3", "ib.reply.gw.b")
     for got, want, tensors in zip(bundle.requests, reqs, groups, strict=True):
@@ -57,7 +63,7 @@ def test_request_bundle_round_trip_keeps_every_field_and_frame() -> None:
 
 
 def test_a_forwarded_bundle_reuses_the_received_frames() -> None:
-    reqs = [BundledRequest(i, f"r{i}", 1) for i in range(3)]
+    reqs = [BundledRequest(Envelope(f"r{i}", "m", 1), i) for i in range(3)]
     groups = [_tensors(1, float(i)) for i in range(3)]
     first = decode_request_bundle(
         encode_request_bundle("m", "", "in.b", reqs, [tensor_frame_parts(g) for g in groups])
@@ -73,7 +79,11 @@ def test_a_forwarded_bundle_reuses_the_received_frames() -> None:
 @pytest.mark.parametrize("cut", [3, 10, 40, -1])
 def test_truncated_bundles_are_frame_errors(cut: int) -> None:
     data = encode_request_bundle(
-        "m", "1", "in.b", [BundledRequest(1, "r", 1)], [tensor_frame_parts(_tensors(1))]
+        "m",
+        "1",
+        "in.b",
+        [BundledRequest(Envelope("r", "m", 1), 1)],
+        [tensor_frame_parts(_tensors(1))],
     )
     with pytest.raises(FrameError):
         decode_request_bundle(data[:cut])
@@ -104,7 +114,7 @@ def test_reply_bundle_round_trip_with_errors_and_frames() -> None:
         "RESOURCE_EXHAUSTED",
         "queue-full",
     )
-    # Messages for people lose their line breaks, as on single replies.
+    # Messages for people lose their line breaks (`framing.one_line`).
     assert bundle.replies[1].error == "queue full now"
     assert bytes(bundle.replies[1].frame) == b""
 
@@ -131,21 +141,31 @@ def test_ibb3_carries_inboxes_once_and_tokens_per_entry() -> None:
             "c", "ib.reply.gw1.b", 30, 3, 1, mirror="ib.reply.r.shadow.pb", token=2, mirror_token=77
         ),
     ]
-    data = encode_batch(entries, tensors)
+    data = encode_joined_batch(entries, [tensors])
     assert data[:4] == b"IBB3"
     assert data.count(b"ib.reply.gw1.b") == 1
     batch = decode_batch(data)
     assert batch.entries == entries
     assert batch.tensors[0].as_numpy().tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    # A mix of plain and bundled entries: the plain one keeps its full subject.
-    mixed = [BatchEntry("p", "ib.reply.gw0.17", 1, 1, 1), entries[0]]
-    assert decode_batch(encode_batch(mixed, join_tensors([tensors, tensors]))).entries == mixed
+    # An entry nobody waits for (no inbox) round-trips as such.
+    mixed = [BatchEntry("p", "", 1, 1, 1, token=3), entries[0]]
+    both = [join_tensors([tensors, tensors])]
+    assert decode_batch(encode_joined_batch(mixed, both)).entries == mixed
+
+
+def test_a_micro_batch_in_another_format_is_refused() -> None:
+    """IBB3 is the only micro-batch format: the old IBB1/IBB2 magic is a FrameError."""
+    for magic in (b"IBB1", b"IBB2", b"IBT1"):
+        with pytest.raises(FrameError, match="bad magic"):
+            decode_batch(magic + b"\x01\x00\x00\x00")
 
 
 def test_joined_batch_is_one_copy_of_the_same_bytes() -> None:
-    entries = [BatchEntry(f"r{i}", f"s.{i}", 0, 0, i + 1) for i in range(3)]
+    entries = [BatchEntry(f"r{i}", f"s.{i}", 0, 0, i + 1, token=i + 1) for i in range(3)]
     groups = [_tensors(i + 1, 10.0 * i) for i in range(3)]
-    assert encode_joined_batch(entries, groups) == encode_batch(entries, join_tensors(groups))
+    assert encode_joined_batch(entries, groups) == encode_joined_batch(
+        entries, [join_tensors(groups)]
+    )
     batch = decode_batch(encode_joined_batch(entries, groups))
     assert batch.tensors[0].shape == (6, 3)
     assert batch.tensors[1].as_numpy().tolist() == [

@@ -12,8 +12,8 @@ from nats.js.api import DiscardPolicy, RetentionPolicy
 from inferbus_common.audittrail import ensure_audit_stream, read_captures
 from inferbus_common.capture import decode_capture, encode_capture
 from inferbus_common.codec import Tensor, serialize_bytes, tensor_from_numpy
+from inferbus_common.protocol.framing import FrameError
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import FrameError
 
 
 def _capture(request_id: str, version: str = "1", value: float = 0.0) -> bytes:

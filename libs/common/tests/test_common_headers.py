@@ -1,10 +1,10 @@
-"""Header names, deadlines and the timings header (`inferbus_common.headers`)."""
+"""Header names, deadlines and the timings header (`inferbus_common.protocol.headers`)."""
 
 from __future__ import annotations
 
 import time
 
-from inferbus_common import headers
+from inferbus_common.protocol import headers
 
 
 def test_header_names_are_distinct_and_valid() -> None:

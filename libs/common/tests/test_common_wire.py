@@ -1,4 +1,4 @@
-"""Tensor frames and micro-batches (`inferbus_common.wire`)."""
+"""Tensor frames and micro-batches (`inferbus_common.protocol.tensors`, `.microbatch`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ import pytest
 
 from inferbus_common.codec import Tensor, serialize_bytes, tensor_from_numpy
 from inferbus_common.errors import InvalidArgument, StatusCode
-from inferbus_common.wire import (
+from inferbus_common.protocol.framing import FrameError
+from inferbus_common.protocol.microbatch import (
     BatchEntry,
-    FrameError,
     MicroBatch,
-    batch_signature,
     decode_batch,
+    encode_joined_batch,
+)
+from inferbus_common.protocol.tensors import (
+    batch_signature,
     decode_tensors,
-    encode_batch,
     encode_tensors,
     join_tensors,
 )
@@ -113,15 +115,15 @@ def test_garbage_after_the_magic_never_raises_anything_else() -> None:
 
 def _entries() -> list[BatchEntry]:
     return [
-        BatchEntry("r1", "ib.reply.gw1.1", 1_700_000_000_000_000_000, 1_699_999_999_000_000_000, 2,
-                   ("y", "z"), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
-        BatchEntry("r2-ü", "ib.reply.gw2.9", 0, 5, 1),
+        BatchEntry("r1", "ib.reply.gw1.b", 1_700_000_000_000_000_000, 1_699_999_999_000_000_000, 2,
+                   ("y", "z"), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", token=1),
+        BatchEntry("r2-ü", "ib.reply.gw2.b", 0, 5, 1, token=9),
     ]  # fmt: skip
 
 
 def test_micro_batch_round_trip() -> None:
     x = tensor_from_numpy("x", np.arange(6, dtype=np.int32).reshape(3, 2))
-    batch = decode_batch(encode_batch(_entries(), [x]))
+    batch = decode_batch(encode_joined_batch(_entries(), [[x]]))
     assert isinstance(batch, MicroBatch)
     assert batch.entries == _entries()
     assert batch.entries[1].outputs == ()
@@ -131,7 +133,7 @@ def test_micro_batch_round_trip() -> None:
 
 def test_micro_batch_tensors_are_zero_copy() -> None:
     x = tensor_from_numpy("x", np.arange(6, dtype=np.int32).reshape(3, 2))
-    message = encode_batch(_entries(), [x])
+    message = encode_joined_batch(_entries(), [[x]])
     batch = decode_batch(message)
     assert isinstance(batch.tensors[0].data, memoryview)
     assert batch.tensors[0].data.obj is message
@@ -139,7 +141,7 @@ def test_micro_batch_tensors_are_zero_copy() -> None:
 
 def test_every_truncation_of_a_micro_batch_is_a_frame_error() -> None:
     x = tensor_from_numpy("x", np.arange(6, dtype=np.int32).reshape(3, 2))
-    message = encode_batch(_entries(), [x])
+    message = encode_joined_batch(_entries(), [[x]])
     for cut in range(len(message)):
         with pytest.raises(FrameError):
             decode_batch(message[:cut])
@@ -149,9 +151,11 @@ def test_every_truncation_of_a_micro_batch_is_a_frame_error() -> None:
     ("message", "match"),
     [
         (b"IBT1\x00\x00", "not an inferbus micro-batch"),
-        (b"IBB1\x01\x00\x00\x00\x05\x00ab", "truncated micro-batch header"),
-        (b"IBB1\x01\x00\x00\x00\x02\x00\xff\xfe", "truncated micro-batch header"),
-        (encode_batch([], []) + b"!", "1 trailing bytes after micro-batch"),
+        (b"IBB1\x01\x00\x00\x00", "not an inferbus micro-batch"),
+        (b"IBB3\x01\x00\x05\x00ab", "a string is cut off"),
+        (b"IBB3\x01\x00\x02\x00\xff\xfe", "not valid UTF-8"),
+        (b"IBB3\x00\x00\x01\x00\x00", "truncated micro-batch header"),
+        (encode_joined_batch([], [[]]) + b"!", "1 trailing bytes after micro-batch"),
     ],
 )
 def test_malformed_micro_batches(message: bytes, match: str) -> None:
@@ -161,8 +165,8 @@ def test_malformed_micro_batches(message: bytes, match: str) -> None:
 
 def test_overlong_header_string_is_rejected() -> None:
     entry = BatchEntry("r" * 70_000, "s", 0, 0, 1)
-    with pytest.raises(InvalidArgument, match="longer than 65535 bytes"):
-        encode_batch([entry], [])
+    with pytest.raises(FrameError, match="more than 65535"):
+        encode_joined_batch([entry], [[]])
 
 
 def test_join_tensors_concatenates_rows_in_order() -> None:

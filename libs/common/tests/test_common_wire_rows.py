@@ -7,7 +7,7 @@ import pytest
 
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.errors import InvalidArgument
-from inferbus_common.wire import RowFrames, decode_tensors, encode_tensors
+from inferbus_common.protocol.tensors import RowFrames, decode_tensors, encode_tensors
 
 
 def _expected(arrays: dict[str, np.ndarray], names, start: int, stop: int, sliced: bool) -> bytes:

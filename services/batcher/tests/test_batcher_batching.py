@@ -10,7 +10,7 @@ from inferbus_batcher.batching import ModelQueue, PendingRequest
 from inferbus_common.codec import Tensor
 from inferbus_common.errors import InvalidArgument, ResourceExhausted
 from inferbus_common.modelconfig import ModelConfig
-from inferbus_common.wire import batch_signature
+from inferbus_common.protocol.tensors import batch_signature
 
 US = 1_000
 MS = 1_000_000

@@ -9,12 +9,13 @@ import httpx
 import nats
 import pytest
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import DeployedVersion, ensure_kv
 from inferbus_common.codec import Tensor
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.microbatch import decode_batch
+from inferbus_common.protocol.tensors import encode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import decode_batch, encode_tensors
 from inferbus_testing.fixtures import SpawnService
 from inferbus_testing.servers import NatsServer
 

@@ -23,18 +23,19 @@ from prometheus_client import REGISTRY
 
 from inferbus_batcher.service import Batcher
 from inferbus_batcher.settings import BatcherSettings
-from inferbus_common import headers as h
-from inferbus_common.bundles import (
+from inferbus_common.catalog import DeployedVersion, Route, ensure_kv
+from inferbus_common.codec import Tensor
+from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.bundles import (
     BundledReply,
     BundledRequest,
     decode_reply_bundle,
     encode_request_bundle,
 )
-from inferbus_common.catalog import DeployedVersion, Route, ensure_kv
-from inferbus_common.codec import Tensor
-from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol.microbatch import MicroBatch, decode_batch
+from inferbus_common.protocol.tensors import encode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import MicroBatch, decode_batch, encode_tensors
 from inferbus_testing.servers import NatsServer
 
 pytestmark = pytest.mark.integration

@@ -9,19 +9,18 @@ import time
 import numpy as np
 import pytest
 
-from inferbus_common import headers as h
-from inferbus_common.bundles import (
+from inferbus_common.catalog import Route
+from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from inferbus_common.protocol.bundles import (
     BundledReply,
     RequestBundle,
     decode_request_bundle,
     encode_reply_bundle,
-    is_request_bundle,
 )
-from inferbus_common.catalog import Route
-from inferbus_common.codec import tensor_from_numpy
-from inferbus_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from inferbus_common.protocol.envelope import Envelope
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import decode_tensors
 from inferbus_gateway.dispatch.dispatcher import DUPLICATE_REPLIES, Dispatcher, plain_version
 
 SUBJECTS = Subjects("ib")
@@ -49,14 +48,15 @@ class FakeBatcher:
     """Subscribes to a subject and answers like a batcher/worker would.
 
     Request bundles get a reply bundle echoing each request's input as output
-    (or an error for requests whose id starts with ``bad``); single requests
-    get a single reply. ``hold`` keeps answers back until released.
+    (or an error for requests whose id starts with ``bad``); anything else
+    fails the test (bundles are the only request framing). ``hold`` keeps
+    answers back until released.
     """
 
     def __init__(self, nc, subject: str) -> None:
         self.nc = nc
         self.subject = subject
-        self.seen: list[tuple[str, RequestBundle | dict[str, str]]] = []
+        self.seen: list[tuple[str, RequestBundle]] = []
         self.hold = asyncio.Event()
         self.hold.set()
         self.arrived = asyncio.Event()
@@ -73,40 +73,30 @@ class FakeBatcher:
 
     @property
     def bundles(self) -> list[RequestBundle]:
-        return [b for _, b in self.seen if isinstance(b, RequestBundle)]
+        return [b for _, b in self.seen]
 
     async def _on_msg(self, msg) -> None:
         # Recorded at once, answered in a task: a held answer does not hold the
         # subscription, so later messages are seen while it waits.
-        if is_request_bundle(msg.data):
-            self.seen.append((msg.subject, decode_request_bundle(msg.data)))
-        else:
-            self.seen.append((msg.subject, dict(msg.headers or {})))
+        self.seen.append((msg.subject, decode_request_bundle(msg.data)))
         self.arrived.set()
-        task = asyncio.ensure_future(self._answer(msg, self.seen[-1][1]))
+        task = asyncio.ensure_future(self._answer(self.seen[-1][1]))
         self._answers.add(task)
         task.add_done_callback(self._answers.discard)
 
-    async def _answer(self, msg, seen) -> None:
+    async def _answer(self, bundle: RequestBundle) -> None:
         await self.hold.wait()
-        if isinstance(seen, RequestBundle):
-            bundle = seen
-            replies, frames = [], []
-            for r in bundle.requests:
-                if r.request_id.startswith("bad"):
-                    replies.append(BundledReply(r.token, "INVALID_ARGUMENT", "bad input"))
-                    frames.append(())
-                else:
-                    replies.append(BundledReply(r.token, queue_ms=0.5))
-                    frames.append((bytes(r.frame),))
-            await self.nc.publish(
-                bundle.inbox,
-                encode_reply_bundle(bundle.version or "3", "d1", "compute=0.1", 1, replies, frames),
-            )
-            return
-        headers = seen
+        replies, frames = [], []
+        for r in bundle.requests:
+            if r.envelope.request_id.startswith("bad"):
+                replies.append(BundledReply(r.token, "INVALID_ARGUMENT", "bad input"))
+                frames.append(())
+            else:
+                replies.append(BundledReply(r.token, queue_ms=0.5))
+                frames.append((bytes(r.frame),))
         await self.nc.publish(
-            headers[h.REPLY], msg.data, headers={h.VERSION: headers.get(h.VERSION, "")}
+            bundle.inbox,
+            encode_reply_bundle(bundle.version or "3", "d1", "compute=0.1", 1, replies, frames),
         )
 
 
@@ -125,12 +115,8 @@ async def _call(
     **kwargs,
 ):
     return await dispatcher.call(
-        "fraud",
-        version=version,
-        request_id=request_id,
-        tensors=_tensors(value, rows),
-        outputs=[],
-        deadline_ns=time.time_ns() + 10_000_000_000,
+        Envelope(request_id, "fraud", time.time_ns() + 10_000_000_000, version),
+        _tensors(value, rows),
         route=route,
         **kwargs,
     )
@@ -151,14 +137,11 @@ async def dispatchers(nats_client):
         await d.stop()
 
 
-@pytest.mark.parametrize("bundles", [True, False])
-async def test_direct_dispatch_skips_the_router_only_for_plain_routes(
-    nats_client, dispatchers, bundles
-):
+async def test_direct_dispatch_skips_the_router_only_for_plain_routes(nats_client, dispatchers):
     router = await FakeBatcher(nats_client, SUBJECTS.route("fraud")).start()
     batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
-    direct = await dispatchers("gw-direct", direct=True, bundles=bundles)
-    via_router = await dispatchers("gw-router", bundles=bundles)
+    direct = await dispatchers("gw-direct", direct=True)
+    via_router = await dispatchers("gw-router")
     try:
         plain = Route(model="fraud", stable="3")
         canary = Route(model="fraud", stable="3", canary="4", canary_weight=20)
@@ -166,32 +149,23 @@ async def test_direct_dispatch_skips_the_router_only_for_plain_routes(
         reply = await _call(direct, plain)
         assert reply.version == "3"
         assert len(batcher.seen) == 1 and not router.seen
-        if bundles:
-            bundle = batcher.bundles[0]
-            assert (bundle.model, bundle.version) == ("fraud", "3")
-            assert bundle.requests[0].pin == ""
-        else:
-            assert batcher.seen[0][1][h.VERSION] == "3"
-            assert batcher.seen[0][1][h.MODEL] == "fraud"
+        bundle = batcher.bundles[0]
+        assert (bundle.model, bundle.version) == ("fraud", "3")
+        assert bundle.requests[0].envelope.version == ""
 
         await _call(direct, canary)  # a canary takes traffic: the router decides
         await _call(direct, plain, version="3")  # pinned: the router resolves it
         await _call(via_router, plain)  # direct off: always the router
         assert len(router.seen) == 3 and len(batcher.seen) == 1
-        if bundles:
-            assert [b.version for b in router.bundles] == ["", "", ""]
-            assert [b.requests[0].pin for b in router.bundles] == ["", "3", ""]
-        else:
-            assert h.VERSION not in router.seen[0][1]
-            assert router.seen[1][1][h.VERSION] == "3"
+        assert [b.version for b in router.bundles] == ["", "", ""]
+        assert [b.requests[0].envelope.version for b in router.bundles] == ["", "3", ""]
     finally:
         await router.stop()
         await batcher.stop()
 
 
-@pytest.mark.parametrize("bundles", [True, False])
-async def test_direct_dispatch_without_batchers_is_unavailable_at_once(dispatchers, bundles):
-    direct = await dispatchers("gw-none", direct=True, bundles=bundles, bundle_window_s=30.0)
+async def test_direct_dispatch_without_batchers_is_unavailable_at_once(dispatchers):
+    direct = await dispatchers("gw-none", direct=True, bundle_window_s=30.0)
     # nats-server's no-responders answer, not the deadline (DeadlineExceeded).
     with pytest.raises(Unavailable, match="no batcher"):
         await asyncio.wait_for(_call(direct, Route(model="fraud", stable="9")), 10)
@@ -222,7 +196,7 @@ async def test_requests_of_one_loop_turn_travel_as_one_bundle(nats_client, dispa
             10,
         )
         assert len(batcher.bundles) == 1
-        assert [r.request_id for r in batcher.bundles[0].requests] == [
+        assert [r.envelope.request_id for r in batcher.bundles[0].requests] == [
             *(f"r{i}" for i in range(5)),
             "bad-1",
         ]
@@ -338,12 +312,8 @@ async def test_a_call_past_its_deadline_leaves_nothing_behind(nats_client, dispa
         batcher.hold.clear()
         with pytest.raises(DeadlineExceeded):
             await d.call(
-                "fraud",
-                version="",
-                request_id="slow",
-                tensors=_tensors(),
-                outputs=[],
-                deadline_ns=time.time_ns() + 200_000_000,
+                Envelope("slow", "fraud", time.time_ns() + 200_000_000),
+                _tensors(),
                 route=Route(model="fraud", stable="3"),
             )
         assert d.in_flight == 0
@@ -352,9 +322,8 @@ async def test_a_call_past_its_deadline_leaves_nothing_behind(nats_client, dispa
         await batcher.stop()
 
 
-@pytest.mark.parametrize("bundles", [True, False])
-async def test_a_request_larger_than_a_bus_message_is_refused(dispatchers, bundles):
-    d = await dispatchers("gw-big", direct=True, bundles=bundles)
+async def test_a_request_larger_than_a_bus_message_is_refused(dispatchers):
+    d = await dispatchers("gw-big", direct=True)
     rows = 2 * (1 << 20) // (4 * 4)  # 2 MiB of FP32, over nats-server's 1 MiB default
     with pytest.raises(InvalidArgument, match="max_payload"):
         await _call(d, Route(model="fraud", stable="3"), rows=rows)
@@ -369,4 +338,27 @@ async def test_a_lone_request_never_waits_even_when_cpu_is_short(nats_client, di
         reply = await asyncio.wait_for(_call(d, Route(model="fraud", stable="3")), 10)
         assert reply.version == "3"
     finally:
+        await batcher.stop()
+
+
+async def test_the_inbox_takes_reply_bundles_only(nats_client, dispatchers):
+    """A reply in the old single form (headers, on ``<inbox>.<token>``) answers
+    nothing: the call waits for its reply bundle."""
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    d = await dispatchers("gw-one", direct=True)
+    try:
+        batcher.hold.clear()
+        call = asyncio.ensure_future(_call(d, Route(model="fraud", stable="3")))
+        await asyncio.wait_for(batcher.arrived.wait(), 10)
+        bundle = batcher.bundles[0]
+        token = bundle.requests[0].token
+        inbox = bundle.inbox.rsplit(".", 1)[0]
+        await nats_client.publish(f"{inbox}.{token}", b"", headers={"Ib-Status": "INTERNAL"})
+        await nats_client.flush()
+        assert not call.done()
+        batcher.hold.set()
+        reply = await asyncio.wait_for(call, 10)
+        reply.raise_for_status()  # the bundle's OK, not the single form's INTERNAL
+    finally:
+        batcher.hold.set()
         await batcher.stop()

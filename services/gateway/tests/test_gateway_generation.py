@@ -8,7 +8,6 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from inferbus_common import headers as h
 from inferbus_common.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -17,7 +16,8 @@ from inferbus_common.errors import (
     Unavailable,
 )
 from inferbus_common.generation import GenerationChunk
-from inferbus_common.replies import error_headers
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.replies import error_headers
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission.tokens import TokenLimiter, estimate_prompt_tokens, set_tpm_limit
 from inferbus_gateway.generation import GenerationDispatcher

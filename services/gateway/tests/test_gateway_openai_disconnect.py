@@ -20,10 +20,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from starlette.applications import Starlette
 
-from inferbus_common import headers as h
 from inferbus_common import ops
 from inferbus_common.catalog import Catalog
 from inferbus_common.generation import GenerationChunk
+from inferbus_common.protocol import headers as h
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.generation import GenerationDispatcher, GenerationService
 from inferbus_gateway.rest.openai import REQUEST_ID_HEADER, openai_routes

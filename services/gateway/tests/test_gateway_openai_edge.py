@@ -19,13 +19,13 @@ from nats.aio.msg import Msg
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from starlette.applications import Starlette
 
-from inferbus_common import headers as h
 from inferbus_common import tracing
 from inferbus_common.admission.apikeys import KeyStore
 from inferbus_common.admission.keys import AdmissionKeys, connect_redis
 from inferbus_common.catalog import Catalog, DeployedVersion, Route, WorkerStatus
 from inferbus_common.generation import GenerationChunk
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol import headers as h
 from inferbus_common.settings import ServiceSettings
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission import Admission

@@ -34,9 +34,10 @@ from inferbus_common.errors import (
     Unavailable,
 )
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol.envelope import Envelope
+from inferbus_common.protocol.tensors import encode_tensors
 from inferbus_common.sequences import SequenceFlags
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import encode_tensors
 from inferbus_gateway.admission import Admission, BreakerOpen
 from inferbus_gateway.canonical import InferRequest, InferResponse, ShmRef
 from inferbus_gateway.dispatch.dispatcher import Reply
@@ -107,8 +108,9 @@ class Dispatcher:
         self.error = error
         self.calls: list[dict[str, Any]] = []
 
-    async def call(self, model: str, **kw: Any) -> Reply:
-        self.calls.append({"model": model, **kw})
+    async def call(self, envelope: Envelope, tensors: list[Tensor], **kw: Any) -> Reply:
+        fields = {f: getattr(envelope, f) for f in envelope.__slots__}
+        self.calls.append({**fields, "tensors": tensors, **kw})
         if self.error is not None:
             raise self.error
         assert self.reply is not None

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from inferbus_common.codec import tensor_from_numpy
-from inferbus_common.wire import encode_tensors
+from inferbus_common.protocol.tensors import encode_tensors
 from inferbus_router.shadow import Incomparable, compare_replies
 
 

@@ -8,8 +8,8 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import Route, ensure_kv
+from inferbus_common.protocol import headers as h
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_testing.records import ready_heartbeat
 

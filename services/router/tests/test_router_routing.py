@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import Route
 from inferbus_common.errors import NotFound
+from inferbus_common.protocol import headers as h
 from inferbus_router.routing import (
     PINNED,
     STABLE,

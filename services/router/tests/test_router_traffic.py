@@ -21,8 +21,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
-from inferbus_common import headers as h
-from inferbus_common.bundles import (
+from inferbus_common.catalog import Catalog, Route, WorkerStatus, ensure_kv
+from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.bundles import (
     BundledReply,
     BundledRequest,
     RequestBundle,
@@ -32,10 +34,8 @@ from inferbus_common.bundles import (
     encode_request_bundle,
     is_request_bundle,
 )
-from inferbus_common.catalog import Catalog, Route, WorkerStatus, ensure_kv
-from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.protocol.tensors import decode_tensors, encode_tensors
 from inferbus_common.subjects import Subjects, subject_token
-from inferbus_common.wire import decode_tensors, encode_tensors
 from inferbus_router.health import HealthPolicy, HealthWeights
 from inferbus_router.router import Router
 from inferbus_router.routing import STICKY_BUCKETS, sticky_bucket

@@ -21,10 +21,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.generation import GenerationChunk, GenerationRequest
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol import headers as h
 from inferbus_common.subjects import Subjects
 from inferbus_worker.llm.engine import EngineDead, LlmEngine, Step
 from inferbus_worker.llm.settings import LlmWorkerSettings

@@ -5,12 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferbus_common import headers as h
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.errors import InvalidArgument, StatusCode
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.microbatch import (
+    BatchEntry,
+    MicroBatch,
+    decode_batch,
+    encode_joined_batch,
+)
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.validation import RequestChecker
-from inferbus_common.wire import BatchEntry, MicroBatch, decode_batch, decode_tensors, encode_batch
 from inferbus_worker.microbatch import (
     BatchReplies,
     LiveRequest,
@@ -31,7 +37,7 @@ def _batch(rows: list[int], deadlines: list[int]) -> tuple[MicroBatch, np.ndarra
         for i, (n, d) in enumerate(zip(rows, deadlines, strict=True))
     ]
     # Round-trip through the wire format so the tensors are zero-copy views, as in the worker.
-    return decode_batch(encode_batch(entries, [tensor_from_numpy("input", x)])), x
+    return decode_batch(encode_joined_batch(entries, [[tensor_from_numpy("input", x)]])), x
 
 
 def test_split_expired_zero_means_no_deadline() -> None:
@@ -65,7 +71,7 @@ def test_holes_are_left_out(fraud_config: ModelConfig) -> None:
 def test_rows_must_add_up(fraud_config: ModelConfig) -> None:
     x = np.zeros((3, 64), np.float32)
     batch = decode_batch(
-        encode_batch([BatchEntry("a", "r", 0, 0, 2)], [tensor_from_numpy("input", x)])
+        encode_joined_batch([BatchEntry("a", "r", 0, 0, 2)], [[tensor_from_numpy("input", x)]])
     )
     with pytest.raises(InvalidArgument, match="claim 2"):
         gather_inputs(fraud_config, batch, [0])
@@ -79,7 +85,7 @@ def test_wrong_tensor_is_invalid(fraud_config: ModelConfig, checked: bool) -> No
     gather_inputs(fraud_config, good, [0], checker)
     x = np.zeros((1, 63), np.float32)
     batch = decode_batch(
-        encode_batch([BatchEntry("a", "r", 0, 0, 1)], [tensor_from_numpy("input", x)])
+        encode_joined_batch([BatchEntry("a", "r", 0, 0, 1)], [[tensor_from_numpy("input", x)]])
     )
     with pytest.raises(InvalidArgument, match=r"input 'input' has shape \[1, 63\]"):
         gather_inputs(fraud_config, batch, [0], checker)
@@ -111,7 +117,9 @@ def test_ok_reply_has_rows_and_headers(fraud_config: ModelConfig) -> None:
 def test_unknown_output_is_invalid(fraud_config: ModelConfig) -> None:
     x = np.zeros((1, 64), np.float32)
     batch = decode_batch(
-        encode_batch([BatchEntry("a", "r", 0, 0, 1, ("nope",))], [tensor_from_numpy("input", x)])
+        encode_joined_batch(
+            [BatchEntry("a", "r", 0, 0, 1, ("nope",))], [[tensor_from_numpy("input", x)]]
+        )
     )
     _, requests = gather_inputs(fraud_config, batch, [0])
     with pytest.raises(InvalidArgument, match="nope"):

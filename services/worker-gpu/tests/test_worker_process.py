@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from nats.aio.msg import Msg
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import DeployedVersion, Route, WorkerStatus, ensure_kv
 from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.microbatch import BatchEntry, encode_joined_batch
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import BatchEntry, encode_batch
 from inferbus_testing.processes import ServiceProcess
 from inferbus_worker.artifacts import ArtifactCache
 
@@ -105,7 +105,7 @@ async def test_sigterm_drains_in_flight_batches(
                 BatchEntry(f"{i}a", f"procrep.{i}a", h.deadline_from_timeout(60), h.now_ns(), 1),
                 BatchEntry(f"{i}b", f"procrep.{i}b", h.deadline_from_timeout(60), h.now_ns(), 1),
             ]
-            payload = encode_batch(entries, [tensor_from_numpy("input", x)])
+            payload = encode_joined_batch(entries, [[tensor_from_numpy("input", x)]])
             await js.publish(subjects.batch("default", "fraud", "1"), payload)
         # Stop while batches are flowing: drain must finish what it took, ack it and exit 0.
         await wait_for(lambda: len(replies) >= 2, service=service)

@@ -31,13 +31,14 @@ from PIL import Image
 from prometheus_client import REGISTRY
 from tokenizers import Tokenizer
 
-from inferbus_common import headers as h
 from inferbus_common.bus import ensure_batch_stream
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.modelconfig import ImageStep, ModelConfig
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.microbatch import BatchEntry, encode_joined_batch
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import BatchEntry, decode_tensors, encode_batch
 from inferbus_worker.engines import OnnxRuntimeEngine
 from inferbus_worker.processing import Processing, ProcessingError, build_processing, softmax, topk
 from inferbus_worker.runner import ModelRunner
@@ -416,7 +417,7 @@ async def test_runner_runs_pre_and_post_and_fails_bad_rows_alone(
             blobs += rows
         values = np.empty((len(blobs), 1), dtype=object)
         values[:, 0] = blobs
-        data = encode_batch(entries, [tensor_from_numpy("image", values)])
+        data = encode_joined_batch(entries, [[tensor_from_numpy("image", values)]])
         await js.publish(subjects.batch("default", "colour", "1"), data)
         end = time.monotonic() + 20
         while len(replies) < 3:

@@ -21,14 +21,15 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerInfo
 from prometheus_client import REGISTRY
 
-from inferbus_common import headers as h
-from inferbus_common.bundles import decode_reply_bundle
 from inferbus_common.bus import ensure_batch_stream
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.modelconfig import EngineConfig
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.bundles import decode_reply_bundle
+from inferbus_common.protocol.microbatch import BatchEntry, encode_joined_batch
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import BatchEntry, decode_tensors, encode_batch
 from inferbus_worker.engines import EngineError, OnnxRuntimeEngine, TensorRTEngine
 from inferbus_worker.runner import InlineRuns, ModelRunner, runs_on_gpu
 from inferbus_worker.settings import WorkerSettings
@@ -116,7 +117,9 @@ async def start_runner(
 
 async def publish(nc: Client, subjects: Subjects, rid: str) -> None:
     entry = BatchEntry(rid, f"rr.{subjects.prefix}.{rid}", h.deadline_from_timeout(30), 0, 1)
-    data = encode_batch([entry], [tensor_from_numpy("input", np.ones((1, 64), np.float32))])
+    data = encode_joined_batch(
+        [entry], [[tensor_from_numpy("input", np.ones((1, 64), np.float32))]]
+    )
     await nc.jetstream().publish(subjects.batch("default", "fraud", "1"), data)
 
 
@@ -321,7 +324,7 @@ async def test_bundled_requests_get_one_reply_bundle_per_inbox(
         BatchEntry("late", f"{base}.gwB", 1, 0, 1, token=6),
     ]
     x = np.random.default_rng(3).random((6, 64), dtype=np.float32)
-    data = encode_batch(entries, [tensor_from_numpy("input", x)])
+    data = encode_joined_batch(entries, [[tensor_from_numpy("input", x)]])
     try:
         await nc.jetstream().publish(subjects.batch("default", "fraud", "1"), data)
         # Expired answers go at once; then gwA, gwB, the mirror and the single reply.

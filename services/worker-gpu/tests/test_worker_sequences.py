@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from nats.aio.client import Client
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.tensors import decode_tensors, encode_tensors
 from inferbus_common.sequences import encode_sequence_id
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import decode_tensors, encode_tensors
 from inferbus_testing.tritonmodels import write_simple_string_dyna_sequence
 from inferbus_worker.engines import OnnxRuntimeEngine
 from inferbus_worker.sequences import SEQUENCE_SLOTS_REASON, SequenceRunner

@@ -24,11 +24,12 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from prometheus_client import REGISTRY
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import DeployedVersion, Route, WorkerStatus, ensure_kv
 from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.microbatch import BatchEntry, encode_joined_batch
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import BatchEntry, decode_tensors, encode_batch
 from inferbus_worker.artifacts import ArtifactCache
 from inferbus_worker.settings import WorkerSettings
 from inferbus_worker.worker import Worker
@@ -162,7 +163,7 @@ async def test_each_request_gets_its_rows(deployment: Deployment, fraud_dir: Pat
     x = np.random.default_rng(7).normal(size=(6, 64)).astype(np.float32)
     entries = [dep.entry("a", 1), dep.entry("b", 2), dep.entry("c", 3)]
     entries[1].traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    await dep.publish(encode_batch(entries, [tensor_from_numpy("input", x)]))
+    await dep.publish(encode_joined_batch(entries, [[tensor_from_numpy("input", x)]]))
     replies = await dep.wait_replies("a", "b", "c")
     want = reference(fraud_dir, x)
     for msg, (lo, hi), e in zip(replies, [(0, 1), (1, 3), (3, 6)], entries, strict=True):
@@ -193,7 +194,7 @@ async def test_expired_request_is_answered_and_not_computed(
         dep.entry("late", 2, deadline_ns=h.now_ns() - 1_000_000),
         dep.entry("live2", 1),
     ]
-    await dep.publish(encode_batch(entries, [tensor_from_numpy("input", x)]))
+    await dep.publish(encode_joined_batch(entries, [[tensor_from_numpy("input", x)]]))
     live1, late, live2 = await dep.wait_replies("live1", "late", "live2")
     assert late.headers[h.STATUS] == "DEADLINE_EXCEEDED"
     assert late.headers[h.REQUEST_ID] == "late"
@@ -218,7 +219,7 @@ async def test_all_expired_batch_is_acked_without_compute(deployment: Deployment
     rows_before = metric("inferbus_worker_rows_total", model="fraud", version="1")
     x = np.zeros((1, 64), np.float32)
     entry = dep.entry("gone", 1, deadline_ns=h.now_ns() - 1)
-    await dep.publish(encode_batch([entry], [tensor_from_numpy("input", x)]))
+    await dep.publish(encode_joined_batch([entry], [[tensor_from_numpy("input", x)]]))
     (reply,) = await dep.wait_replies("gone")
     assert reply.headers[h.STATUS] == "DEADLINE_EXCEEDED"
     await dep.consumer_idle()
@@ -240,7 +241,9 @@ async def test_garbage_is_terminated_and_worker_keeps_serving(deployment: Deploy
     )
     await dep.consumer_idle()
     x = np.ones((1, 64), np.float32)
-    await dep.publish(encode_batch([dep.entry("after", 1)], [tensor_from_numpy("input", x)]))
+    await dep.publish(
+        encode_joined_batch([dep.entry("after", 1)], [[tensor_from_numpy("input", x)]])
+    )
     (reply,) = await dep.wait_replies("after")
     assert h.STATUS not in reply.headers
 
@@ -249,7 +252,7 @@ async def test_input_the_model_rejects_is_answered_invalid(deployment: Deploymen
     dep = deployment
     x = np.zeros((2, 10), np.float32)
     entries = [dep.entry("w1", 1), dep.entry("w2", 1)]
-    await dep.publish(encode_batch(entries, [tensor_from_numpy("input", x)]))
+    await dep.publish(encode_joined_batch(entries, [[tensor_from_numpy("input", x)]]))
     replies = await dep.wait_replies("w1", "w2")
     for msg in replies:
         assert msg.headers[h.STATUS] == "INVALID_ARGUMENT"
@@ -267,7 +270,7 @@ async def test_unknown_output_fails_only_that_request(deployment: Deployment) ->
     good, bad = dep.entry("good", 1), dep.entry("bad", 1)
     good.outputs = ("probabilities",)
     bad.outputs = ("logits",)
-    await dep.publish(encode_batch([good, bad], [tensor_from_numpy("input", x)]))
+    await dep.publish(encode_joined_batch([good, bad], [[tensor_from_numpy("input", x)]]))
     good_msg, bad_msg = await dep.wait_replies("good", "bad")
     assert h.STATUS not in good_msg.headers
     assert bad_msg.headers[h.STATUS] == "INVALID_ARGUMENT"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from inferbus_common.modelstats import Duration
-from inferbus_common.wire import BatchEntry
+from inferbus_common.protocol.microbatch import BatchEntry
 from inferbus_worker.microbatch import LiveRequest
 from inferbus_worker.stats import VersionCounters
 

@@ -19,13 +19,14 @@ import pytest
 from nats.aio.msg import Msg
 from onnx import TensorProto, helper
 
-from inferbus_common import headers as h
 from inferbus_common.bus import ensure_batch_stream
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.codec import raw_to_numpy, serialize_bytes, tensor_from_numpy
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.microbatch import BatchEntry, encode_joined_batch
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import BatchEntry, decode_tensors, encode_batch
 from inferbus_testing.stringmodels import write_identity_bytes, write_parse_int
 from inferbus_worker.engines import (
     EngineError,
@@ -275,7 +276,7 @@ async def test_runner_answers_a_bad_string_at_once_and_its_neighbours_ok(
         ]
         flat = [t for rows in texts.values() for t in rows]
         column = _objects(flat, (len(flat), 1))
-        data = encode_batch(entries, [tensor_from_numpy("TEXT", column)])
+        data = encode_joined_batch(entries, [[tensor_from_numpy("TEXT", column)]])
         await js.publish(subjects.batch("default", "strint", "1"), data)
         await asyncio.wait_for(done.wait(), 10)
         bad = replies.pop("r1")

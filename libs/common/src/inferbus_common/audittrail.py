@@ -33,8 +33,8 @@ from nats.js.api import (
 
 from inferbus_common.bus import replicas_of
 from inferbus_common.capture import CapturedRequest, decode_capture
+from inferbus_common.protocol.framing import FrameError
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import FrameError
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from inferbus_common.codec import Tensor
-from inferbus_common.wire import FrameError, decode_tensors, encode_tensors
+from inferbus_common.protocol.framing import FrameError
+from inferbus_common.protocol.tensors import decode_tensors, encode_tensors
 
 CAPTURE_MAGIC = b"IBC1"
 _U32 = struct.Struct("<I")

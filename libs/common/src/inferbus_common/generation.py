@@ -9,7 +9,7 @@ batcher.
 LLM worker → gateway inbox: a stream of chunk messages, each with
 ``Ib-Seq`` (0, 1, 2 ...) and a JSON `GenerationChunk` body; the last one has
 ``Ib-Final: 1``. An error is a chunk with ``Ib-Status``/``Ib-Error`` (see
-`inferbus_common.replies`) and an empty body, and is always final. NATS core
+`inferbus_common.protocol.replies`) and an empty body, and is always final. NATS core
 does not reorder messages from one publisher, but a stream may still lose one
 (a slow consumer): the gateway reorders within a small window and fails the
 stream cleanly on a gap.

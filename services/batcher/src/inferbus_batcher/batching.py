@@ -6,7 +6,8 @@ dims) form a *group*; only requests of one group ever share a batch. Inside a
 group every priority level has its own FIFO, and batches take from level 1
 (the highest) first.
 
-The dispatch rules follow Triton's dynamic batcher:
+The dispatch rules follow Triton's dynamic batcher (`inferbus_common.batchrule`,
+the rule the worker's merge uses too):
 
 * a batch goes as soon as its rows reach ``max_batch_size`` (or the next
   request would not fit: a request's rows are never split);
@@ -29,10 +30,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferbus_common.batchrule import BatchRule
 from inferbus_common.codec import Tensor
 from inferbus_common.errors import InvalidArgument, ResourceExhausted
 from inferbus_common.modelconfig import ModelConfig
-from inferbus_common.wire import BatchEntry
+from inferbus_common.protocol.envelope import Envelope
+from inferbus_common.protocol.microbatch import BatchEntry
 
 _NEVER = 1 << 63
 
@@ -42,29 +45,28 @@ class PendingRequest:
     """A request accepted into a queue, waiting for a batch.
 
     Attributes:
-        request_id: the request's id.
-        reply: subject its answer goes to.
-        deadline_ns: absolute deadline, unix ns.
+        envelope: the request's metadata (id, deadline as sent, priority asked
+            for, outputs, trace context), as the gateway built it.
+        reply: the gateway inbox its reply bundle goes to.
+        token: the request's token in that gateway's reply bundles.
+        deadline_ns: absolute deadline, unix ns (the model's default timeout
+            when the envelope has none).
         enqueued_ns: when it was accepted, unix ns (carried to the worker).
         enqueued_mono_ns: when it was accepted, monotonic ns (for waiting times).
         rows: rows along the batch axis.
         priority: level, 1 = highest.
-        signature: `wire.batch_signature` of its tensors.
+        signature: `tensors.batch_signature` of its tensors.
         tensors: its input tensors (zero-copy views of the message body).
-        outputs: requested output names (empty = all).
-        traceparent: W3C trace context.
-        mirror: where the worker also sends the reply (shadow compare): a
-            subject, or a reply-bundle inbox when `mirror_token` is set.
-        token: the request's token in its gateway's reply bundles (0: it came
-            alone, `reply` is its reply subject; else `reply` is the inbox).
+        mirror: inbox a copy of the reply also goes to (shadow compare; '' = none).
         mirror_token: the mirror copy's token.
         since_mono_ns: monotonic time from which its batching delay counts:
-            when the gateway took it, for bundled requests (the time spent in
-            the gateway's bundle counts against the delay), else arrival here.
+            when the gateway took it (the time spent in the gateway's bundle
+            counts against the delay).
     """
 
-    request_id: str
+    envelope: Envelope
     reply: str
+    token: int
     deadline_ns: int
     enqueued_ns: int
     enqueued_mono_ns: int
@@ -72,29 +74,32 @@ class PendingRequest:
     priority: int
     signature: tuple
     tensors: list[Tensor] = field(repr=False)
-    outputs: tuple[str, ...] = ()
-    traceparent: str = ""
     mirror: str = ""
+    mirror_token: int = 0
     span: Any = field(default=None, repr=False, compare=False)
     """The request's trace span while it waits (only when sampled)."""
-    token: int = 0
-    mirror_token: int = 0
     since_mono_ns: int = -1
 
     def __post_init__(self) -> None:
         if self.since_mono_ns < 0:
             self.since_mono_ns = self.enqueued_mono_ns
 
+    @property
+    def request_id(self) -> str:
+        """The request's id."""
+        return self.envelope.request_id
+
     def entry(self) -> BatchEntry:
         """This request's entry in a micro-batch header."""
+        env = self.envelope
         return BatchEntry(
-            self.request_id,
+            env.request_id,
             self.reply,
             self.deadline_ns,
             self.enqueued_ns,
             self.rows,
-            self.outputs,
-            self.traceparent,
+            env.outputs,
+            env.traceparent,
             self.mirror,
             self.token,
             self.mirror_token,
@@ -192,11 +197,8 @@ class ModelQueue:
         self.default_timeout_ns = b.default_timeout_ms * 1_000_000
         self.default_priority = b.default_priority
         self.priority_levels = b.priority_levels
-        self.preferred = frozenset(
-            p for p in b.preferred_batch_sizes if 0 < p <= max(config.max_batch_size, 1)
-        )
-        self.max_preferred = max(self.preferred) if self.preferred else config.max_batch_size
-        self.min_preferred = min(self.preferred) if self.preferred else config.max_batch_size
+        self.rule = BatchRule.of(config)
+        self.min_preferred = self.rule.min_preferred
         # Levels only grow while requests wait in them; a config with fewer
         # levels simply stops assigning the higher numbers.
         grow = b.priority_levels - len(self._counts)
@@ -216,10 +218,6 @@ class ModelQueue:
     def depth(self) -> int:
         """Requests waiting, all levels and groups together."""
         return sum(self._counts)
-
-    def depth_at(self, priority: int) -> int:
-        """Requests waiting at one priority level."""
-        return self._counts[priority - 1]
 
     # --- intake --------------------------------------------------------------
     def offer(self, request: PendingRequest) -> None:
@@ -302,31 +300,7 @@ class ModelQueue:
         # Fast path for the common case: nothing can fill yet and time is left.
         if not delay_exceeded and group.rows < self.min_preferred:
             return 0
-        rows = 0
-        n = 0
-        best = 0
-        send_now = False
-        for p in group:
-            if n:
-                if best == 0 and rows + p.rows > self.max_preferred:
-                    # Adding this one would pass every preferred size: what is
-                    # pending is the best batch short of waiting for the delay.
-                    best = n
-                if rows + p.rows > self.max_batch_size:
-                    send_now = True
-                    break
-            rows += p.rows
-            n += 1
-            if rows in self.preferred:
-                best = n
-            if rows >= self.max_batch_size:
-                send_now = True
-                break
-        if best and not delay_exceeded:
-            return best
-        if send_now or delay_exceeded or rows >= self.max_preferred:
-            return n
-        return 0
+        return self.rule.cut((p.rows for p in group), waited=delay_exceeded)
 
     def _expire(self, now_wall_ns: int, into: list[PendingRequest]) -> None:
         earliest = _NEVER
@@ -361,10 +335,6 @@ class ModelQueue:
             # Deadlines are wall-clock; translate to the monotonic clock.
             wake = min(wake, now_mono_ns + (self._earliest_deadline_ns - now_wall_ns))
         self.wake_mono_ns = wake
-
-    def note_arrival(self, now_mono_ns: int, now_wall_ns: int) -> None:
-        """Recompute the wake time after `offer` when `take_ready` is not called."""
-        self._rearm(now_mono_ns, now_wall_ns)
 
     def drain_all(self) -> list[PendingRequest]:
         """Remove and return every waiting request (for a last answer on shutdown)."""

@@ -1,7 +1,9 @@
 """The batcher service: NATS intake, one queue per model version, JetStream output.
 
-Requests arrive on ``<prefix>.infer.<model>.<version>`` (queue group, so several
-batchers share the load). Each is checked (deployed version, deadline, body),
+Request bundles arrive on ``<prefix>.infer.<model>.<version>`` (queue group, so
+several batchers share the load); nothing else is taken there (a message in
+any other framing gets INVALID_ARGUMENT when it names a reply subject). Each
+request is checked (deployed version, deadline, structure),
 put in its version's `ModelQueue`, and batches that are due are joined along
 the batch axis and published to the ``IB_BATCHES`` work queue. Every request
 gets exactly one answer from the batcher when it is refused, expires or its
@@ -35,7 +37,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from inferbus_batcher.batching import FormedBatch, ModelQueue, PendingRequest
-from inferbus_batcher.intake import admit_bundled, admit_request, start_queue_span
+from inferbus_batcher.intake import admit
 from inferbus_batcher.metrics import (
     IDLE_DISPATCHES,
     PUBLISHES_OUTSTANDING,
@@ -44,9 +46,7 @@ from inferbus_batcher.metrics import (
 )
 from inferbus_batcher.settings import BatcherSettings
 from inferbus_batcher.workqueue import PublishFailed, WorkQueue
-from inferbus_common import headers as h
 from inferbus_common import tracing
-from inferbus_common.bundles import BundledRequest, decode_request_bundle, is_request_bundle
 from inferbus_common.bus import connect
 from inferbus_common.catalog import Catalog
 from inferbus_common.errors import (
@@ -59,10 +59,13 @@ from inferbus_common.errors import (
 )
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.modelconfig import ModelConfig
-from inferbus_common.replies import ReplyTarget, send_errors
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.bundles import BundledRequest, decode_request_bundle
+from inferbus_common.protocol.framing import FrameError
+from inferbus_common.protocol.microbatch import encode_joined_batch
+from inferbus_common.protocol.replies import ReplyTarget, send_error, send_errors
 from inferbus_common.subjects import Subjects, name_from_token
 from inferbus_common.validation import RequestChecker
-from inferbus_common.wire import FrameError, encode_joined_batch
 
 log = logging.getLogger(__name__)
 
@@ -251,36 +254,72 @@ class Batcher:
 
     # --- intake --------------------------------------------------------------
     async def _on_request(self, msg: Msg) -> None:
-        if is_request_bundle(msg.data):
-            await self._on_bundle(msg)
-            return
-        hdrs = msg.headers or {}
-        reply = hdrs.get(h.REPLY) or msg.reply
-        request_id = hdrs.get(h.REQUEST_ID, "")
-        if not reply:
-            REJECTIONS.labels("-", "-", "no-reply").inc()
-            log.warning("request without %s dropped", h.REPLY, extra={"request_id": request_id})
-            return
-        state: _QueueState | None = None
-        span = start_queue_span(hdrs, request_id) if tracing.enabled() else None
+        """Take in a request bundle: every request is queued or refused.
+
+        Refusals of one bundle go back as one reply bundle to its inbox. The
+        gateway validated the requests (gateways and routers are the only
+        producers the broker lets publish here); this checks structure: frames
+        that decode, a layout the model takes, the model and version its
+        subject names.
+        """
         try:
-            state = self._queue_for(msg, hdrs)
-            pending = admit_request(state.queue, state.checker, msg.data, hdrs, request_id, reply)
-            pending.span = span
-            state.queue.offer(pending)
+            bundle = decode_request_bundle(msg.data)
+        except FrameError as exc:
+            await self._refuse_unframed(msg, exc)
+            return
+        refused: list[tuple[BundledRequest, InferbusError]] = []
+        state: _QueueState | None = None
+        try:
+            model, version = self._names_from_subject(msg.subject)
+            if bundle.model != model or (bundle.version and bundle.version != version):
+                raise InvalidArgument(
+                    f"a request bundle for model '{bundle.model}' version "
+                    f"'{bundle.version}' arrived on {msg.subject}"
+                )
+            bundle.version = version
+            state = self._queue_of(model, version)
         except InferbusError as exc:
-            tracing.end_span(span, exc.code.name, exc.message)
-            await self._refuse(state, hdrs, request_id, reply, exc)
+            refused = [(r, exc) for r in bundle.requests]
+        if state is not None:
+            queue = state.queue
+            now_wall = time.time_ns()
+            now_mono = time.monotonic_ns()
+            for r in bundle.requests:
+                try:
+                    queue.offer(admit(queue, state.checker, r, bundle.inbox, now_wall, now_mono))
+                except InferbusError as exc:
+                    refused.append((r, exc))
+                except Exception:
+                    # A bug must still get the request one answer, without leaking details.
+                    log.exception(
+                        "failed to accept a request", extra={"request_id": r.envelope.request_id}
+                    )
+                    refused.append((r, Internal("batcher failed to accept the request")))
+        if refused:
+            await self._refuse_bundled(state, bundle.model, bundle.version, bundle.inbox, refused)
+        if state is not None:
+            await self._service(state)
+
+    async def _refuse_unframed(self, msg: Msg, exc: FrameError) -> None:
+        """A message that is not a request bundle: INVALID_ARGUMENT to the reply
+        subject it names (nothing is queued for it), else counted and dropped."""
+        REJECTIONS.labels("-", "-", "garbage").inc()
+        hdrs = msg.headers or {}
+        reply = hdrs.get(h.REPLY) or msg.reply or ""
+        if not reply:
+            log.warning("dropped a message that is not a request bundle: %s", exc)
             return
-        except Exception:
-            # A bug must still get the request one answer, without leaking details.
-            tracing.end_span(span, "INTERNAL", "batcher failed to accept the request")
-            log.exception("failed to accept a request", extra={"request_id": request_id})
-            await self._refuse(
-                state, hdrs, request_id, reply, Internal("batcher failed to accept the request")
+        assert self._nc is not None
+        with contextlib.suppress(nats.errors.Error):
+            await send_error(
+                self._nc,
+                reply,
+                InvalidArgument(
+                    f"{msg.subject} takes request bundles (IBQ1) only; this message is "
+                    f"not one ({exc.message}); nothing was queued"
+                ),
+                hdrs.get(h.REQUEST_ID, ""),
             )
-            return
-        await self._service(state)
 
     async def _on_idle(self, msg: Msg) -> None:
         """A worker has a free slot and found its queue empty: stop waiting for fills.
@@ -304,25 +343,12 @@ class Batcher:
             self._due.add(state)
             self._wake.set()
 
-    def _queue_for(self, msg: Msg, hdrs: dict[str, str]) -> _QueueState:
-        """The queue of the request's deployed version (created on first use)."""
-        model = hdrs.get(h.MODEL)
-        version = hdrs.get(h.VERSION)
-        if not model or not version:
-            # The subject carries both as tokens; headers are the primary source.
-            model, version = self._names_from_subject(msg.subject, model, version)
-        return self._queue_of(model, version)
-
     @staticmethod
-    def _names_from_subject(
-        subject: str, model: str | None, version: str | None
-    ) -> tuple[str, str]:
+    def _names_from_subject(subject: str) -> tuple[str, str]:
+        """The model and version a subject ``<prefix>.infer.<model>.<version>`` names."""
         parts = subject.rsplit(".", 2)
         try:
-            return (
-                model or name_from_token(parts[-2]),
-                version or name_from_token(parts[-1]),
-            )
+            return name_from_token(parts[-2]), name_from_token(parts[-1])
         except (ValueError, IndexError, UnicodeDecodeError):
             raise InvalidArgument(f"subject {subject!r} does not name a model version") from None
 
@@ -347,51 +373,6 @@ class Batcher:
             state.subject = self._subjects.batch(config.pool, model, version)
         return state
 
-    # --- bundles -------------------------------------------------------------
-    async def _on_bundle(self, msg: Msg) -> None:
-        """Take in a request bundle: every request is queued or refused.
-
-        Refusals of one bundle go back as one reply bundle to its inbox. The
-        gateway validated the requests (it is the only producer the broker lets
-        publish here besides the router); this checks structure only: frames
-        that decode and a layout the model takes.
-        """
-        try:
-            bundle = decode_request_bundle(msg.data)
-        except FrameError as exc:
-            REJECTIONS.labels("-", "-", "garbage").inc()
-            log.warning("dropped an undecodable request bundle: %s", exc)
-            return
-        refused: list[tuple[BundledRequest, InferbusError]] = []
-        state: _QueueState | None = None
-        try:
-            if not bundle.version:
-                bundle.model, bundle.version = self._names_from_subject(
-                    msg.subject, bundle.model, ""
-                )
-            state = self._queue_of(bundle.model, bundle.version)
-        except InferbusError as exc:
-            refused = [(r, exc) for r in bundle.requests]
-        if state is not None:
-            queue = state.queue
-            now_wall = time.time_ns()
-            now_mono = time.monotonic_ns()
-            for r in bundle.requests:
-                try:
-                    pending = admit_bundled(
-                        queue, state.checker, r, bundle.inbox, now_wall, now_mono
-                    )
-                    queue.offer(pending)
-                except InferbusError as exc:
-                    refused.append((r, exc))
-                except Exception:
-                    log.exception("failed to accept a request", extra={"request_id": r.request_id})
-                    refused.append((r, Internal("batcher failed to accept the request")))
-        if refused:
-            await self._refuse_bundled(state, bundle.model, bundle.version, bundle.inbox, refused)
-        if state is not None:
-            await self._service(state)
-
     async def _refuse_bundled(
         self,
         state: _QueueState | None,
@@ -410,7 +391,7 @@ class Batcher:
             else:
                 REJECTIONS.labels(model or "-", version or "-", label).inc()
             by_error.setdefault((exc.code, exc.message, reason), []).append(
-                ReplyTarget(inbox, r.token, r.request_id)
+                ReplyTarget(inbox, r.token, r.envelope.request_id)
             )
         for (code, message, reason), targets in by_error.items():
             await self._send_errors(targets, code, message, reason, version)
@@ -442,28 +423,6 @@ class Batcher:
         )
         self._queues[(model, version)] = state
         return state
-
-    async def _refuse(
-        self,
-        state: _QueueState | None,
-        hdrs: dict[str, str],
-        request_id: str,
-        reply: str,
-        exc: InferbusError,
-    ) -> None:
-        reason = exc.reason if isinstance(exc, ResourceExhausted) else ""
-        label = reason or exc.code.name.lower()
-        if state is not None:
-            state.metrics.rejected(label)
-        else:
-            REJECTIONS.labels("-", "-", label).inc()
-        log.debug(
-            "refused: %s",
-            exc.message,
-            extra={"request_id": request_id, "status": exc.code.name, "reason": reason},
-        )
-        targets = [ReplyTarget(reply, 0, request_id)]
-        await self._send_errors(targets, exc.code, exc.message, reason, hdrs.get(h.VERSION, ""))
 
     # --- dispatch ------------------------------------------------------------
     async def _service(self, state: _QueueState) -> None:

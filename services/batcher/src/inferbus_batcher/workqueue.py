@@ -15,9 +15,9 @@ import nats.js.errors
 from nats.js import JetStreamContext
 
 from inferbus_batcher.settings import BatcherSettings
-from inferbus_common import headers as h
 from inferbus_common.bus import NO_STREAM_ERRORS, ensure_batch_stream
 from inferbus_common.errors import StatusCode
+from inferbus_common.protocol import headers as h
 from inferbus_common.subjects import Subjects
 
 log = logging.getLogger(__name__)

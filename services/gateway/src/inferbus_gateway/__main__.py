@@ -105,7 +105,6 @@ async def serve(settings: GatewaySettings) -> None:
                 subjects,
                 instance,
                 direct=settings.direct_dispatch,
-                bundles=settings.bundles,
                 bundle_window_s=settings.bundle_window_us / 1e6,
                 bundle_max_requests=settings.bundle_max_requests,
                 bundle_busy_cpu=settings.bundle_busy_cpu,

@@ -32,7 +32,6 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from prometheus_client import Counter, Histogram
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import Catalog, DeployedVersion, not_ready_error
 from inferbus_common.errors import (
     DeadlineExceeded,
@@ -44,7 +43,8 @@ from inferbus_common.errors import (
 )
 from inferbus_common.generation import GenerationChunk, GenerationRequest
 from inferbus_common.modelconfig import GenerationConfig
-from inferbus_common.replies import error_from_reply
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.replies import error_from_reply
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission import Admission
 from inferbus_gateway.admission.tokens import estimate_prompt_tokens

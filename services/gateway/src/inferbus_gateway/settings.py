@@ -114,10 +114,6 @@ class GatewaySettings(ServiceSettings):
     docs/architecture.md, step 2). Off: every request goes through the router (its
     metrics and spans then count all traffic)."""
 
-    bundles: bool = True
-    """Send requests as request bundles: those for the same model (and version) travel
-    as one message and are answered by one reply bundle per engine run
-    (docs/architecture.md, "Bundles"). Off: one message per request each way."""
     bundle_busy_cpu: float = Field(default=0.9, ge=0.0, le=2.0)
     """Busy share of the machine's CPUs (or of the cgroup's CPU quota), or of the
     gateway's own event-loop thread, whichever is higher (read every 100 ms, averaged),

@@ -1,13 +1,21 @@
 """The router component: subscribe to `ib.route.*`, forward to `ib.infer.<model>.<version>`.
 
-Per request: decide the version (`routing.decide`: pinned → sticky → weighted,
-with the canary weight scaled by `health.HealthWeights`), publish to the
-version's subject (``ib.gen.…`` for generative requests, ``ib.infer.…``
-otherwise) and, for a sampled share, a shadow copy (`shadow.ShadowComparer`).
-A request bundle is split by decided version into one bundle per version
-(frames passed through untouched), its shadow copies into one bundle to the
-shadow version. Alongside: follow route revisions (log each change once,
-export the revision) and feed audit records to the health windows.
+Two kinds of request arrive on ``ib.route.<model>``, each in its one framing:
+
+* tensor requests, always in request bundles (a lone request is a bundle of
+  one): per request, decide the version (`routing.decide`: pinned → sticky →
+  weighted, with the canary weight scaled by `health.HealthWeights`); the
+  bundle is split by decided version into one bundle per version on
+  ``ib.infer.…`` (frames passed through untouched), a sampled share's shadow
+  copies into one bundle to the shadow version (`shadow.ShadowComparer`);
+* generative requests (``Ib-Kind: generate`` header, OpenAI JSON body),
+  forwarded whole to ``ib.gen.…`` of the decided version.
+
+Anything else (a tensor request in the headers-and-frame form of old
+gateways, garbage) is refused: INVALID_ARGUMENT to its reply subject when it
+names one, else counted and dropped. Alongside: follow route revisions (log
+each change once, export the revision) and feed audit records to the health
+windows.
 """
 
 from __future__ import annotations
@@ -19,33 +27,35 @@ import random
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from prometheus_client import Counter, Gauge, Histogram
 
-from inferbus_common import headers as h
 from inferbus_common import tracing
-from inferbus_common.bundles import (
-    BundledRequest,
-    decode_request_bundle,
-    encode_request_bundle,
-    is_request_bundle,
-)
 from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import Catalog, Route
 from inferbus_common.errors import (
     InferbusError,
+    InvalidArgument,
     ResourceExhausted,
     StatusCode,
     Unavailable,
     status_of,
 )
 from inferbus_common.generation import LLM_FULL_REASON
-from inferbus_common.replies import ReplyTarget, send_error, send_errors
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.bundles import (
+    BundledRequest,
+    RequestBundle,
+    decode_request_bundle,
+    encode_request_bundle,
+)
+from inferbus_common.protocol.framing import FrameError
+from inferbus_common.protocol.replies import ReplyTarget, send_error, send_errors
 from inferbus_common.subjects import Subjects, name_from_token, subject_token
-from inferbus_common.wire import FrameError
 from inferbus_router.health import HealthWeights
 from inferbus_router.routing import decide, wants_shadow
 from inferbus_router.shadow import ShadowComparer
@@ -115,16 +125,14 @@ class Router:
         self._draw = draw
         self._sub: Subscription | None = None
         self._audit_sub: Subscription | None = None
-        # Where nats-server's "no responders" comes back when no batcher is
-        # subscribed to a version's subject (see `_on_no_responders`).
+        # Where nats-server's "no responders" comes back when nobody is subscribed
+        # to a version's subject. For generative requests:
+        # ``<inbox>.<model>.<version>.<client reply>`` (subject tokens), so the
+        # answer can tell "all workers full" from "none".
         instance = f"router-{uuid.uuid4().hex[:12]}"
-        self._nr_inbox = subjects.reply_inbox(instance)
-        self._nr_sub: Subscription | None = None
-        # The same for generative requests: ``<inbox>.<model>.<version>.<client reply>``
-        # (subject tokens), so the answer can tell "all workers full" from "none".
         self._nr_gen_inbox = subjects.reply_inbox(f"{instance}-gen")
         self._nr_gen_sub: Subscription | None = None
-        # The same for request bundles: ``<inbox>.<tokens>.<gateway inbox>``.
+        # For request bundles (no batcher): ``<inbox>.<tokens>.<gateway inbox>``.
         self._nr_bundle_inbox = subjects.reply_inbox(f"{instance}-b")
         self._nr_bundle_sub: Subscription | None = None
         self._revisions: dict[str, int] = {}
@@ -149,7 +157,6 @@ class Router:
             )
             self._health.evaluate(self._catalog.routes)
             self._tasks.append(asyncio.create_task(self._health_loop(), name="router-health"))
-        self._nr_sub = await self._nc.subscribe(f"{self._nr_inbox}.>", cb=self._on_no_responders)
         self._nr_bundle_sub = await self._nc.subscribe(
             f"{self._nr_bundle_inbox}.>", cb=self._on_no_bundle_responders
         )
@@ -177,11 +184,11 @@ class Router:
             with contextlib.suppress(Exception):
                 await self._audit_sub.unsubscribe()
             self._audit_sub = None
-        for nr_sub in (self._nr_sub, self._nr_gen_sub, self._nr_bundle_sub):
+        for nr_sub in (self._nr_gen_sub, self._nr_bundle_sub):
             if nr_sub is not None:
                 with contextlib.suppress(Exception):
                     await nr_sub.unsubscribe()
-        self._nr_sub = self._nr_gen_sub = self._nr_bundle_sub = None
+        self._nr_gen_sub = self._nr_bundle_sub = None
         self._stop.set()
         for task in self._tasks:
             # The route follower may sit in a catalog wait: it need not finish it.
@@ -194,37 +201,81 @@ class Router:
 
     # --- the request path ----------------------------------------------------
     async def _on_request_observed(self, msg: Msg) -> None:
-        """`_on_request`, timed, and in a span when the request is sampled.
-
-        The span's context replaces the request's ``traceparent`` before the
-        request is forwarded, so the batcher's span becomes its child.
-        """
+        """`_on_request`, timed."""
         t0 = time.perf_counter()
-        if is_request_bundle(msg.data):
-            try:
-                await self._on_bundle(msg)
-            finally:
-                ROUTE_SECONDS.observe(time.perf_counter() - t0)
-            return
+        try:
+            await self._on_request(msg)
+        finally:
+            ROUTE_SECONDS.observe(time.perf_counter() - t0)
+
+    async def _on_request(self, msg: Msg) -> None:
+        """Route a request bundle or a generative request; refuse anything else."""
         headers = msg.headers
+        if headers and headers.get(h.KIND) == h.KIND_GENERATE:
+            await self._on_generate(msg, headers)
+            return
+        try:
+            bundle = decode_request_bundle(msg.data)
+        except FrameError as exc:
+            await self._refuse_unframed(msg, exc)
+            return
+        if not bundle.model or subject_token(bundle.model) != msg.subject.rsplit(".", 1)[-1]:
+            # Routes (and so permissions) are per model: the bundle must be for
+            # the model its subject names.
+            ROUTED.labels(bundle.model, "", StatusCode.INVALID_ARGUMENT.name).inc(
+                len(bundle.requests)
+            )
+            await send_errors(
+                self._nc,
+                [
+                    ReplyTarget(bundle.inbox, r.token, r.envelope.request_id)
+                    for r in bundle.requests
+                ],
+                StatusCode.INVALID_ARGUMENT,
+                f"a request bundle for model '{bundle.model}' arrived on {msg.subject}",
+            )
+            return
+        await self._on_bundle(bundle)
+
+    async def _refuse_unframed(self, msg: Msg, exc: FrameError) -> None:
+        """A message on a route subject that is neither a request bundle nor a
+        generative request: answer INVALID_ARGUMENT where it asks to be answered
+        (nothing is computed for it), else count it and drop it."""
+        model = name_from_token(msg.subject.rsplit(".", 1)[-1])
+        ROUTED.labels(model, "", StatusCode.INVALID_ARGUMENT.name).inc()
+        reply = (msg.headers or {}).get(h.REPLY) or msg.reply or ""
+        if not reply:
+            log.warning("dropped a message that is not a request bundle: %s", exc)
+            return
+        await send_error(
+            self._nc,
+            reply,
+            InvalidArgument(
+                f"{msg.subject} takes tensor requests as request bundles (IBQ1) only, "
+                f"and generative requests with {h.KIND}: {h.KIND_GENERATE}; this message "
+                f"is neither ({exc.message}); nothing was computed"
+            ),
+            (msg.headers or {}).get(h.REQUEST_ID, ""),
+        )
+
+    async def _on_generate(self, msg: Msg, headers: dict[str, str]) -> None:
+        """Forward a generative request to ``ib.gen`` of the version it is routed to,
+        in a span when sampled (its context replaces the request's ``traceparent``)."""
         span = None
-        if headers and tracing.enabled():
+        if tracing.enabled():
             span = tracing.start_child_span(ROUTE_SPAN, headers.get(h.TRACEPARENT, ""))
             if span is not None:
                 span.set_attribute("inferbus.model", headers.get(h.MODEL, ""))
                 span.set_attribute("inferbus.request_id", headers.get(h.REQUEST_ID, ""))
                 headers[h.TRACEPARENT] = tracing.traceparent_of(span)
         try:
-            await self._on_request(msg)
+            await self._forward_generate(msg, headers)
         except BaseException as exc:
             tracing.end_span(span, "INTERNAL", type(exc).__name__)
             raise
-        finally:
-            ROUTE_SECONDS.observe(time.perf_counter() - t0)
         tracing.end_span(span)
 
-    async def _on_request(self, msg: Msg) -> None:
-        headers = msg.headers or {}
+    async def _forward_generate(self, msg: Msg, headers: dict[str, str]) -> None:
         model = headers.get(h.MODEL) or name_from_token(msg.subject.rsplit(".", 1)[-1])
         reply = headers.get(h.REPLY) or msg.reply or ""
         request_id = headers.get(h.REQUEST_ID, "")
@@ -239,55 +290,28 @@ class Router:
             ROUTED.labels(model, "", code.name).inc()
             await send_error(self._nc, reply, exc, request_id)
             return
-        assert route is not None
         version = decision.version
-        generate = headers.get(h.KIND) == h.KIND_GENERATE
         out = dict(headers)
         out[h.VERSION] = version
         out[h.MODEL] = model
         if reply:
             out[h.REPLY] = reply
-        out.pop(h.MIRROR, None)
-        pair = None
-        # Streams are not compared: shadowing covers one-reply requests only.
-        if (
-            self._shadow is not None
-            and not generate
-            and wants_shadow(route, decision, self._draw)
-            and self._catalog.is_ready(model, route.shadow)
-        ):
-            pair = self._shadow.begin(model, version, route.shadow, request_id)
-            if pair is not None:
-                out[h.MIRROR] = pair[0]
-        subject = (
-            self._subjects.gen(model, version) if generate else self._subjects.infer(model, version)
-        )
-        # Our inbox + the client's reply as NATS reply subject: the batcher answers
-        # on the Ib-Reply header, but when none is subscribed nats-server sends
-        # "no responders" there at once (only to a subscribed publisher).
-        # LLM workers leave their queue group while full, so for a generative
-        # request "no responders" means every worker of the version is full (or
-        # none runs): `_on_no_gen_responders` answers 429 (or 503) at once.
-        if not reply:
-            nr_reply = ""
-        elif generate:
+        # Our inbox + model, version and the client's reply as NATS reply subject:
+        # LLM workers leave their queue group while full, so "no responders" means
+        # every worker of the version is full (or none runs), and
+        # `_on_no_gen_responders` answers 429 (or 503) at once instead of at the deadline.
+        nr_reply = ""
+        if reply:
             tokens = f"{subject_token(model)}.{subject_token(version)}"
             nr_reply = f"{self._nr_gen_inbox}.{tokens}.{reply}"
-        else:
-            nr_reply = f"{self._nr_inbox}.{reply}"
-        await self._nc.publish(subject, msg.data, reply=nr_reply, headers=out)
+        await self._nc.publish(
+            self._subjects.gen(model, version), msg.data, reply=nr_reply, headers=out
+        )
         ROUTED.labels(model, version, "OK").inc()
         DECISIONS.labels(model, version, decision.reason).inc()
-        if pair is not None:
-            await self._send_shadow(route, out, msg.data, pair)
 
-    async def _on_bundle(self, msg: Msg) -> None:
+    async def _on_bundle(self, bundle: RequestBundle) -> None:
         """Route every request of a bundle; forward one bundle per chosen version."""
-        try:
-            bundle = decode_request_bundle(msg.data)
-        except FrameError as exc:
-            log.warning("dropped an undecodable request bundle: %s", exc)
-            return
         model = bundle.model
         route = self._catalog.routes.get(model)
         weight = None
@@ -305,50 +329,40 @@ class Router:
         refused: dict[tuple[StatusCode, str], list[ReplyTarget]] = {}
         tracing_on = tracing.enabled()
         for r in bundle.requests:
+            env = r.envelope
             hdrs: dict[str, str] = {}
-            if r.pin:
-                hdrs[h.VERSION] = r.pin
-            if r.tenant:
-                hdrs[h.TENANT] = r.tenant
-            if r.sticky_key:
-                hdrs[h.STICKY_KEY] = r.sticky_key
+            if env.version:
+                hdrs[h.VERSION] = env.version
+            if env.tenant:
+                hdrs[h.TENANT] = env.tenant
+            if env.sticky_key:
+                hdrs[h.STICKY_KEY] = env.sticky_key
             try:
                 decision = decide(route, model, hdrs, canary_weight=weight, draw=self._draw)
             except InferbusError as exc:
                 code, message = status_of(exc)
                 ROUTED.labels(model, "", code.name).inc()
-                target = ReplyTarget(bundle.inbox, r.token, r.request_id)
+                target = ReplyTarget(bundle.inbox, r.token, env.request_id)
                 refused.setdefault((code, message), []).append(target)
                 continue
             assert route is not None
             version = decision.version
-            if tracing_on and tracing.is_sampled(r.traceparent):
-                span = tracing.start_child_span(ROUTE_SPAN, r.traceparent)
+            if tracing_on and tracing.is_sampled(env.traceparent):
+                span = tracing.start_child_span(ROUTE_SPAN, env.traceparent)
                 if span is not None:
                     span.set_attribute("inferbus.model", model)
-                    span.set_attribute("inferbus.request_id", r.request_id)
-                    r.traceparent = tracing.traceparent_of(span)
+                    span.set_attribute("inferbus.request_id", env.request_id)
+                    r.envelope = env = replace(env, traceparent=tracing.traceparent_of(span))
                     tracing.end_span(span)
-            r.pin = ""
+            # Only the router may set a mirror: whatever a gateway put there is dropped.
             r.mirror, r.mirror_token = "", 0
             if shadow_ready and wants_shadow(route, decision, self._draw):
                 assert self._shadow is not None
-                pair = self._shadow.begin_bundled(model, version, route.shadow, r.request_id)
+                pair = self._shadow.begin(model, version, route.shadow, env.request_id)
                 if pair is not None:
                     r.mirror, shadow_inbox, r.mirror_token = pair
-                    shadows.append(
-                        BundledRequest(
-                            r.mirror_token,
-                            r.request_id,
-                            r.deadline_ns,
-                            r.held_ns,
-                            r.priority,
-                            r.outputs,
-                            r.traceparent,
-                            r.tenant,
-                            frame=r.frame,
-                        )
-                    )
+                    # The same (frozen) envelope: the copy is the request, answered elsewhere.
+                    shadows.append(BundledRequest(env, r.mirror_token, r.held_ns, frame=r.frame))
             by_version.setdefault(version, []).append(r)
             ROUTED.labels(model, version, "OK").inc()
             DECISIONS.labels(model, version, decision.reason).inc()
@@ -414,27 +428,6 @@ class Router:
             return 0.0
         return weight
 
-    async def _on_no_responders(self, msg: Msg) -> None:
-        """No batcher took a forwarded request: tell the client now, not at its deadline.
-
-        The reply subject of the forward was ``<our inbox>.<client reply>``, so
-        the client's reply subject is in the subject of nats-server's 503; no
-        state is kept per request. Nothing was computed: UNAVAILABLE, safe to retry.
-        """
-        if not is_no_responders(msg):
-            return
-        headers = msg.headers or {}
-        reply = msg.subject[len(self._nr_inbox) + 1 :]
-        where = headers.get("Nats-Subject", "the version's subject")
-        await send_error(
-            self._nc,
-            reply,
-            Unavailable(
-                f"no batcher is subscribed to {where} (restarting?); "
-                "nothing was computed, safe to retry"
-            ),
-        )
-
     async def _on_no_gen_responders(self, msg: Msg) -> None:
         """No LLM worker took a generative request: 429 if the version's workers are
         all full, 503 if none serves it. Nothing was generated either way."""
@@ -461,22 +454,6 @@ class Router:
             )
         ROUTED.labels(model, version, exc.code.name).inc()
         await send_error(self._nc, reply, exc)
-
-    async def _send_shadow(
-        self, route: Route, primary: dict[str, str], body: bytes, pair: tuple[str, str]
-    ) -> None:
-        copy = dict(primary)
-        copy.pop(h.MIRROR, None)
-        copy[h.VERSION] = route.shadow
-        copy[h.REPLY] = pair[1]
-        try:
-            await self._nc.publish(
-                self._subjects.infer(route.model, route.shadow), body, headers=copy
-            )
-        except Exception as exc:  # the shadow path never fails the request
-            assert self._shadow is not None
-            self._shadow.cancel(pair)
-            log.warning("shadow copy not sent: %s", exc, extra={"model": route.model})
 
     # --- side loops ----------------------------------------------------------
     async def _on_audit(self, msg: Msg) -> None:

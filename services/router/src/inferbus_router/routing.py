@@ -21,9 +21,9 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import Route
 from inferbus_common.errors import NotFound
+from inferbus_common.protocol import headers as h
 
 STICKY_BUCKETS = 10_000
 """Resolution of sticky routing: a weight of 0.01 % moves one bucket."""

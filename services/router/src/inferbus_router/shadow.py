@@ -1,20 +1,15 @@
 """Shadow traffic: sampled copies to a shadow version, compared with the primary.
 
-For a sampled request the router publishes two messages instead of one:
+For a sampled request the router sends it twice (``<inbox>`` =
+``ib.reply.<router instance>.shadow``):
 
-* the **primary** copy, exactly as without shadowing (its ``Ib-Reply`` is the
-  client's inbox), plus an ``Ib-Mirror`` header naming ``<inbox>.p.<token>``
-  (``<inbox>`` = ``ib.reply.<router instance>.shadow``):
-  the worker that answers it publishes the same reply there too, after the
-  client's, so the client's path neither changes nor waits;
-* the **shadow** copy to ``ib.infer.<model>.<shadow>`` whose ``Ib-Reply`` is
-  ``<inbox>.s.<token>``, an inbox this router owns: shadow replies can never
-  reach a client.
-
-Requests that came in request bundles are shadowed the same way with bundle
-addresses: the primary's mirror is ``<inbox>.pb`` and the shadow copies go
-out as a bundle whose inbox is ``<inbox>.sb``, both with the pair's token, so
-the two replies come back inside reply bundles.
+* the **primary** copy, in the bundle to the version it was routed to, exactly
+  as without shadowing, plus a mirror: inbox ``<inbox>.pb`` and the pair's
+  token. The worker that answers it puts the same reply in a reply bundle
+  there too, so the client's path neither changes nor waits;
+* the **shadow** copy, in a bundle to ``ib.infer.<model>.<shadow>`` whose inbox
+  is ``<inbox>.sb``, an inbox this router owns: shadow replies can never reach
+  a client.
 
 `ShadowComparer` pairs the two replies by token in a table bounded in size
 and in time (`max_pending`, `timeout_s`): a request whose pair does not
@@ -41,11 +36,11 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from prometheus_client import Counter, Gauge, Histogram
 
-from inferbus_common.bundles import decode_reply_bundle
 from inferbus_common.codec import Buffer
-from inferbus_common.replies import error_from_reply
+from inferbus_common.protocol.bundles import decode_reply_bundle
+from inferbus_common.protocol.framing import FrameError
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import FrameError, decode_tensors
 
 log = logging.getLogger(__name__)
 
@@ -179,10 +174,9 @@ class ShadowComparer:
         self.inbox = subjects.shadow_inbox(instance)
         self._timeout = timeout_s
         self._max_pending = max_pending
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[int, _Pending] = {}
         self._tokens = itertools.count(1)
         self._sub: Subscription | None = None
-        self._bundle_sub: Subscription | None = None
         self._stop = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
         self._agree: dict[tuple[str, str, str], list[int]] = {}
@@ -195,12 +189,6 @@ class ShadowComparer:
     async def start(self) -> None:
         """Subscribe to the compare inbox and start expiring stale pairs."""
         self._sub = await self._nc.subscribe(
-            f"{self.inbox}.*.*",
-            cb=self._on_reply,
-            pending_msgs_limit=100_000,
-            pending_bytes_limit=256 << 20,
-        )
-        self._bundle_sub = await self._nc.subscribe(
             f"{self.inbox}.*",
             cb=self._on_bundle,
             pending_msgs_limit=100_000,
@@ -211,11 +199,10 @@ class ShadowComparer:
 
     async def stop(self) -> None:
         """Unsubscribe and stop the sweeper; pairs still open are counted as timed out."""
-        for sub in (self._sub, self._bundle_sub):
-            if sub is not None:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
-        self._sub = self._bundle_sub = None
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+        self._sub = None
         self._stop.set()
         if self._sweeper is not None:
             await self._sweeper
@@ -224,38 +211,24 @@ class ShadowComparer:
 
     def begin(
         self, model: str, primary: str, shadow: str, request_id: str
-    ) -> tuple[str, str] | None:
-        """Open a pair; returns (mirror subject for the primary, reply subject
-        for the shadow), or None when the table is full (counted as dropped)."""
+    ) -> tuple[str, str, int] | None:
+        """Open a pair; returns (mirror inbox for the primary, inbox of the shadow
+        copy's bundle, the pair's token), or None when the table is full (counted
+        as dropped)."""
         now = time.monotonic()
         self._expire(now - self._timeout)
         if len(self._pending) >= self._max_pending:
             SHADOW_REQUESTS.labels(model, primary, shadow, "dropped").inc()
             return None
-        token = str(next(self._tokens))
+        token = next(self._tokens)
         self._pending[token] = _Pending(model, primary, shadow, request_id, now)
         SHADOW_PENDING.set(len(self._pending))
-        return f"{self.inbox}.p.{token}", f"{self.inbox}.s.{token}"
-
-    def begin_bundled(
-        self, model: str, primary: str, shadow: str, request_id: str
-    ) -> tuple[str, str, int] | None:
-        """`begin` for a bundled request: (mirror inbox, shadow reply inbox, token)."""
-        subjects = self.begin(model, primary, shadow, request_id)
-        if subjects is None:
-            return None
-        token = int(subjects[0].rsplit(".", 1)[-1])
         return f"{self.inbox}.pb", f"{self.inbox}.sb", token
 
-    def cancel(self, subjects: tuple[str, ...] | int) -> None:
-        """Forget a pair whose copies could not be published (its subjects or token)."""
-        token = str(subjects) if isinstance(subjects, int) else subjects[0].rsplit(".", 1)[-1]
+    def cancel(self, token: int) -> None:
+        """Forget a pair whose shadow copy could not be published."""
         self._pending.pop(token, None)
         SHADOW_PENDING.set(len(self._pending))
-
-    async def _on_reply(self, msg: Msg) -> None:
-        kind, _, token = msg.subject[len(self.inbox) + 1 :].partition(".")
-        self._got(kind, token, error_from_reply(msg.headers) is None, msg.data)
 
     async def _on_bundle(self, msg: Msg) -> None:
         kind = msg.subject[len(self.inbox) + 1 :]
@@ -267,9 +240,9 @@ class ShadowComparer:
             log.info("undecodable shadow reply bundle: %s", exc)
             return
         for r in bundle.replies:
-            self._got(kind[0], str(r.token), not r.status, r.frame)
+            self._got(kind[0], r.token, not r.status, r.frame)
 
-    def _got(self, kind: str, token: str, ok: bool, body: Buffer) -> None:
+    def _got(self, kind: str, token: int, ok: bool, body: Buffer) -> None:
         p = self._pending.get(token)
         if p is None:
             return  # late (already expired) or a redelivered duplicate

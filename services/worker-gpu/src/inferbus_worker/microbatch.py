@@ -4,7 +4,7 @@ Pure row bookkeeping (tested on its own): requests in a micro-batch own
 consecutive rows in entry order; expired requests are left out before the
 engine runs, and each remaining request gets its rows of every output back.
 `Outbox` collects the answers of one run and sends them: one reply bundle per
-gateway inbox for bundled requests, a single reply for the others.
+gateway inbox (and per mirror inbox), the only way a worker answers.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 from nats.aio.client import Client
 
-from inferbus_common import headers as h
-from inferbus_common.bundles import BundledReply, ReplyGroups
 from inferbus_common.codec import Buffer
 from inferbus_common.errors import InvalidArgument, StatusCode
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.bundles import BundledReply, ReplyGroups
+from inferbus_common.protocol.microbatch import BatchEntry, MicroBatch
+from inferbus_common.protocol.tensors import RowFrames
 from inferbus_common.validation import RequestChecker
-from inferbus_common.wire import BatchEntry, MicroBatch, RowFrames
 
 
 @dataclass(slots=True)
@@ -125,54 +126,33 @@ class BatchReplies:
     """The OK replies of one engine execution, one request at a time.
 
     What all replies of the execution share (the outputs' tensor layout, the
-    compute and stage timings, the batch size) is prepared once; `ok` then
-    costs a few slices per request.
+    compute and stage timings) is prepared once; `frame_parts` then costs a
+    few slices per request.
 
     Args:
-        ctx: the version's reply context.
         outputs: the engine's outputs for the whole execution.
         batched: whether the model has a batch axis (requests get their rows).
         compute_ms: engine time of the execution.
-        batch_rows: rows in the execution.
         stages_ms: further stage timings (e.g. ``pre`` and ``post``).
     """
 
-    __slots__ = (
-        "_batch_rows",
-        "_batched",
-        "_ctx",
-        "_frames",
-        "_names",
-        "_outputs",
-        "_timings",
-        "_timings_all",
-        "shared_timings",
-    )
+    __slots__ = ("_batched", "_frames", "_names", "_outputs", "shared_timings")
 
     def __init__(
         self,
-        ctx: ReplyContext,
         outputs: Mapping[str, np.ndarray],
         *,
         batched: bool,
         compute_ms: float,
-        batch_rows: int,
         stages_ms: Mapping[str, float] | None = None,
     ) -> None:
-        self._ctx = ctx
         self._outputs = outputs
         self._names = tuple(outputs)
         self._batched = batched
         self._frames = RowFrames(outputs)
-        self._batch_rows = str(batch_rows)
-        # Everything after the per-request queue time, formatted once.
-        timings = {"compute": compute_ms, **(stages_ms or {})}
-        self._timings_all = timings
-        self._timings = (
-            "".join(f";{k}={v:.3f}" for k, v in timings.items()) if "queue" not in timings else None
-        )
-        self.shared_timings = h.format_timings(timings)
-        """The stage timings every reply of the run shares (reply bundles carry them once)."""
+        self.shared_timings = h.format_timings({"compute": compute_ms, **(stages_ms or {})})
+        """The stage timings every reply of the run shares (a reply bundle carries
+        them once; each reply adds its own queue time)."""
 
     def _wanted(self, request: LiveRequest) -> Sequence[str]:
         outputs = self._outputs
@@ -186,7 +166,10 @@ class BatchReplies:
         return wanted
 
     def frame_parts(self, request: LiveRequest) -> list[Buffer]:
-        """The pieces of one computed request's outputs frame (for a reply bundle).
+        """The pieces of one computed request's outputs frame (for its reply bundle).
+
+        Holds the request's rows of the outputs it asked for (all when it
+        named none).
 
         Raises:
             InvalidArgument: the request asked for an output the model lacks.
@@ -195,157 +178,48 @@ class BatchReplies:
             self._wanted(request), request.start, request.stop, sliced=self._batched
         )
 
-    def ok(self, request: LiveRequest, queue_ms: float) -> tuple[dict[str, str], bytes]:
-        """Headers and body answering one computed request (see `ok_reply`).
-
-        Raises:
-            InvalidArgument: the request asked for an output the model lacks.
-        """
-        wanted = self._wanted(request)
-        body = self._frames.frame(wanted, request.start, request.stop, sliced=self._batched)
-        ctx = self._ctx
-        headers = {
-            h.REQUEST_ID: request.entry.request_id,
-            h.VERSION: ctx.version,
-            h.DIGEST: ctx.digest,
-            h.TIMINGS: f"queue={queue_ms:.3f}{self._timings}"
-            if self._timings is not None
-            else h.format_timings({"queue": queue_ms, **self._timings_all}),
-            h.BATCH_SIZE: self._batch_rows,
-        }
-        if request.entry.traceparent:
-            headers[h.TRACEPARENT] = request.entry.traceparent
-        return headers, body
-
-
-def ok_reply(
-    ctx: ReplyContext,
-    request: LiveRequest,
-    outputs: Mapping[str, np.ndarray],
-    *,
-    batched: bool,
-    queue_ms: float,
-    compute_ms: float,
-    batch_rows: int,
-    stages_ms: Mapping[str, float] | None = None,
-) -> tuple[dict[str, str], bytes]:
-    """Headers and body answering one computed request.
-
-    The body holds the request's rows of the outputs it asked for (all when
-    it named none), as a tensor frame. `stages_ms` adds stage timings (e.g.
-    ``pre`` and ``post`` processing) to queue and compute. For many requests
-    of one execution, `BatchReplies` does the shared work once.
-
-    Raises:
-        InvalidArgument: the request asked for an output the model lacks.
-    """
-    replies = BatchReplies(
-        ctx,
-        outputs,
-        batched=batched,
-        compute_ms=compute_ms,
-        batch_rows=batch_rows,
-        stages_ms=stages_ms,
-    )
-    return replies.ok(request, queue_ms)
-
-
-def error_reply(
-    ctx: ReplyContext, entry: BatchEntry, code: StatusCode, message: str
-) -> tuple[dict[str, str], bytes]:
-    """Headers and (empty) body answering one request with an error."""
-    headers = {
-        h.REQUEST_ID: entry.request_id,
-        h.VERSION: ctx.version,
-        h.DIGEST: ctx.digest,
-        h.STATUS: code.name,
-        # Header values cannot hold line breaks; engine messages often do.
-        h.ERROR: " ".join(message.split())[:1024],
-    }
-    if entry.traceparent:
-        headers[h.TRACEPARENT] = entry.traceparent
-    return headers, b""
-
 
 class Outbox:
     """The answers of one engine run (or one refusal), sent together after it.
 
-    Bundled requests (a token) are answered in one reply bundle per inbox, a
-    mirror copy likewise in its own inbox's bundle; the others get single
-    replies (and single mirror copies), the client's before the mirror's.
+    Every request is answered in its gateway inbox's reply bundle; a mirror
+    copy (shadow compare) likewise in its mirror inbox's bundle.
 
     Args:
         ctx: the version answering.
-        timings: stage timings shared by the run's replies (reply bundles).
+        timings: stage timings shared by the run's replies.
         batch_rows: rows in the run (0 when nothing was computed).
     """
 
-    __slots__ = ("_ctx", "_groups", "_singles", "counts")
+    __slots__ = ("_groups", "counts")
 
     def __init__(self, ctx: ReplyContext, timings: str = "", batch_rows: int = 0) -> None:
-        self._ctx = ctx
         self._groups = ReplyGroups(ctx.version, ctx.digest, timings, batch_rows)
-        self._singles: list[tuple[str, dict[str, str], bytes]] = []
         self.counts: dict[str, int] = {}
         """Answers by status name ("OK", "INVALID_ARGUMENT", ...)."""
 
-    def _count(self, status: str) -> None:
+    def _add(self, entry: BatchEntry, status: str, reply: BundledReply, frame: Sequence[Buffer]):
+        if entry.reply:
+            self._groups.add(entry.reply, reply, frame)
+        if entry.mirror:
+            mirrored = BundledReply(
+                entry.mirror_token, reply.status, reply.error, reply.reason, reply.queue_ms
+            )
+            self._groups.add(entry.mirror, mirrored, frame)
         self.counts[status] = self.counts.get(status, 0) + 1
 
     def ok(self, entry: BatchEntry, queue_ms: float, parts: Sequence[Buffer]) -> None:
-        """Answer a bundled request with its outputs frame (`parts`)."""
-        self._groups.add(entry.reply, BundledReply(entry.token, queue_ms=queue_ms), parts)
-        if entry.mirror:
-            self._mirror(entry, BundledReply(entry.mirror_token, queue_ms=queue_ms), parts)
-        self._count("OK")
-
-    def single(self, entry: BatchEntry, headers: dict[str, str], body: bytes, status: str) -> None:
-        """Answer a request that came alone with a ready single reply."""
-        if entry.reply:
-            self._singles.append((entry.reply, headers, body))
-        if entry.mirror:
-            if entry.mirror_token:
-                self._groups.add(
-                    entry.mirror,
-                    BundledReply(
-                        entry.mirror_token, headers.get(h.STATUS, ""), headers.get(h.ERROR, "")
-                    ),
-                    (body,) if body else (),
-                )
-            else:
-                self._singles.append((entry.mirror, headers, body))
-        self._count(status)
-
-    def _mirror(self, entry: BatchEntry, reply: BundledReply, parts: Sequence[Buffer]) -> None:
-        if entry.mirror_token:
-            self._groups.add(entry.mirror, reply, parts)
-        else:
-            headers = {h.REQUEST_ID: entry.request_id, h.VERSION: self._ctx.version}
-            if reply.status:
-                headers[h.STATUS] = reply.status
-                headers[h.ERROR] = reply.error
-            self._singles.append((entry.mirror, headers, b"".join(parts)))
+        """Answer a request with its outputs frame (`parts`)."""
+        self._add(entry, "OK", BundledReply(entry.token, queue_ms=queue_ms), parts)
 
     def error(self, entry: BatchEntry, code: StatusCode, message: str) -> None:
-        """Answer one request with an error."""
-        if not entry.token:
-            headers, body = error_reply(self._ctx, entry, code, message)
-            self.single(entry, headers, body, code.name)
-            return
-        reply = BundledReply(entry.token, code.name, message)
-        if entry.reply:
-            self._groups.add(entry.reply, reply)
-        if entry.mirror:
-            self._mirror(entry, BundledReply(entry.mirror_token, code.name, message), ())
-        self._count(code.name)
+        """Answer one request with an error (cut to one line when encoded)."""
+        self._add(entry, code.name, BundledReply(entry.token, code.name, message), ())
 
     def __len__(self) -> int:
         return sum(self.counts.values())
 
     async def send(self, nc: Client) -> None:
-        """Publish everything collected (single replies first, then the bundles)."""
-        publish = nc.publish
-        for subject, headers, body in self._singles:
-            await publish(subject, body, headers=headers)
+        """Publish the reply bundles, one per inbox."""
         for inbox, payload in self._groups.messages():
-            await publish(inbox, payload)
+            await nc.publish(inbox, payload)

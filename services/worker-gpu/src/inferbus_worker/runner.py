@@ -69,20 +69,16 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from opentelemetry.trace import Link, Span
 
-from inferbus_common import headers as h
 from inferbus_common import tracing
+from inferbus_common.batchrule import BatchRule
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import InvalidArgument, StatusCode
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.framing import FrameError
+from inferbus_common.protocol.microbatch import BatchEntry, MicroBatch, decode_batch
+from inferbus_common.protocol.tensors import batch_signature, join_tensors
 from inferbus_common.subjects import Subjects
 from inferbus_common.validation import RequestChecker
-from inferbus_common.wire import (
-    BatchEntry,
-    FrameError,
-    MicroBatch,
-    batch_signature,
-    decode_batch,
-    join_tensors,
-)
 from inferbus_worker import metrics
 from inferbus_worker.engines import (
     Engine,
@@ -220,6 +216,7 @@ class ModelRunner:
         """Micro-batches being worked on (id() → message, monotonic time taken)."""
         self._keepalive_task: asyncio.Task[None] | None = None
         self._reply_ctx = ReplyContext(deployed.version, deployed.digest)
+        self._batch_rule = BatchRule.of(deployed.config)
         self._outputs = [s.name for s in deployed.config.outputs]
         self._processing = processing
         if processing is not None:
@@ -379,12 +376,14 @@ class ModelRunner:
     def _plan(self, msgs: list[Msg]) -> list[list[tuple[Msg, MicroBatch | None]]]:
         """Group fetched micro-batches into engine executions.
 
-        Batches with the same tensor signature are joined in arrival order up
-        to `max_batch_size` rows; undecodable ones form groups of their own (to
-        be terminated).
+        Batches with the same tensor signature are joined in arrival order by
+        the batch rule the batcher uses (`BatchRule.merge`: the largest
+        preferred batch size a prefix adds up to, else up to
+        ``max_batch_size`` rows); undecodable ones form groups of their own
+        (to be terminated).
         """
         groups: list[list[tuple[Msg, MicroBatch | None]]] = []
-        open_groups: dict[tuple, tuple[list[tuple[Msg, MicroBatch | None]], int]] = {}
+        by_signature: dict[tuple, list[tuple[Msg, MicroBatch | None]]] = {}
         for msg in msgs:
             try:
                 batch: MicroBatch | None = decode_batch(msg.data)
@@ -392,19 +391,15 @@ class ModelRunner:
                 groups.append([(msg, None)])
                 continue
             assert batch is not None
-            rows = batch.rows
             if self._merge_limit <= 1:
                 groups.append([(msg, batch)])
                 continue
-            key = batch_signature(batch.tensors)
-            current = open_groups.get(key)
-            if current is not None and current[1] + rows <= self._config.max_batch_size:
-                current[0].append((msg, batch))
-                open_groups[key] = (current[0], current[1] + rows)
-            else:
-                group = [(msg, batch)]
-                groups.append(group)
-                open_groups[key] = (group, rows)
+            by_signature.setdefault(batch_signature(batch.tensors), []).append((msg, batch))
+        for waiting in by_signature.values():
+            while waiting:
+                n = self._batch_rule.merge(b.rows for _, b in waiting if b is not None)
+                groups.append(waiting[:n])
+                waiting = waiting[n:]
         return groups
 
     def _finished(self, task: asyncio.Task[None]) -> None:
@@ -754,11 +749,9 @@ class ModelRunner:
         stages: dict[str, float] | None = None,
     ) -> None:
         replies = BatchReplies(
-            self._reply_ctx,
             outputs,
             batched=self._config.max_batch_size > 0,
             compute_ms=compute_s * 1000,
-            batch_rows=rows,
             stages_ms=stages,
         )
         outbox = Outbox(self._reply_ctx, replies.shared_timings, rows)
@@ -766,11 +759,7 @@ class ModelRunner:
             entry = r.entry
             queue_ms = max(0.0, (start_ns - entry.enqueued_ns) / 1e6) if entry.enqueued_ns else 0.0
             try:
-                if entry.token:
-                    outbox.ok(entry, queue_ms, replies.frame_parts(r))
-                else:
-                    headers, body = replies.ok(r, queue_ms)
-                    outbox.single(entry, headers, body, "OK")
+                outbox.ok(entry, queue_ms, replies.frame_parts(r))
             except InvalidArgument as exc:
                 outbox.error(entry, StatusCode.INVALID_ARGUMENT, exc.message)
         await self._send(outbox)

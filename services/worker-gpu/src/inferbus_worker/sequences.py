@@ -38,7 +38,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.codec import Tensor, tensor_from_numpy
 from inferbus_common.datatypes import BYTES, numpy_dtype
@@ -51,6 +50,10 @@ from inferbus_common.errors import (
     Unavailable,
 )
 from inferbus_common.modelconfig import SequenceBatchingConfig, SequenceControl
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.framing import FrameError, one_line
+from inferbus_common.protocol.microbatch import BatchEntry
+from inferbus_common.protocol.tensors import decode_tensors, encode_tensors
 from inferbus_common.sequences import (
     SequenceFlags,
     SequenceId,
@@ -60,7 +63,6 @@ from inferbus_common.sequences import (
 )
 from inferbus_common.subjects import Subjects
 from inferbus_common.validation import RequestChecker
-from inferbus_common.wire import BatchEntry, FrameError, decode_tensors, encode_tensors
 from inferbus_worker import metrics
 from inferbus_worker.engines import Engine, EngineError, EngineInputError
 from inferbus_worker.microbatch import LiveRequest
@@ -559,7 +561,7 @@ class SequenceRunner:
             h.VERSION: self.deployed.version,
             h.DIGEST: self.deployed.digest,
             h.STATUS: status.name,
-            h.ERROR: " ".join(exc.message.split())[:1024],
+            h.ERROR: one_line(exc.message),
         }
         if isinstance(exc, ResourceExhausted) and exc.reason:
             headers[h.REASON] = exc.reason

@@ -2,8 +2,9 @@
 
 Requests for the same subject (a model's router subject, or a version's
 batcher subject on a plain route, see `plain_version`) go out as request
-bundles (`inferbus_common.bundles`): one message carries several requests,
-and each reply bundle that comes back answers several waiting calls.
+bundles (`inferbus_common.protocol.bundles`): one message carries several
+requests, and each reply bundle that comes back answers several waiting calls.
+A lone request is a bundle of one: there is no other request framing.
 A bundle goes at the end of the event-loop turn that opened it, unless CPU is
 what limits (the machine's CPUs or the gateway's event loop nearly always
 busy, `cpuload.CpuLoad`) and other requests are in flight: then it collects
@@ -14,10 +15,9 @@ Details and figures: docs/architecture.md ("Bundles").
 
 Each gateway owns one inbox subscription (``ib.reply.<instance>.*``): reply
 bundles arrive on ``<inbox>.b``, nats-server's "no responders" for a bundle
-on ``<inbox>.n<first>_<last>`` (its token range), single replies (bundles
-off, or an older worker) on ``<inbox>.<token>``. The first answer for a token
-resolves its call; later ones (redeliveries after a worker crash) are
-counted and dropped.
+on ``<inbox>.n<first>_<last>`` (its token range); anything else on the inbox
+is dropped. The first answer for a token resolves its call; later ones
+(redeliveries after a worker crash) are counted and dropped.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
@@ -33,20 +33,22 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from prometheus_client import Gauge
 
-from inferbus_common import headers as h
-from inferbus_common.bundles import (
-    BundledRequest,
-    decode_reply_bundle,
-    encode_request_bundle,
-)
 from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import Route
 from inferbus_common.codec import Buffer, Tensor
 from inferbus_common.errors import DeadlineExceeded, InferbusError, InvalidArgument, Unavailable
 from inferbus_common.loopmetrics import LoopCounter, LoopGauge, LoopHistogram
-from inferbus_common.replies import error_from_fields
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.bundles import (
+    BundledRequest,
+    decode_reply_bundle,
+    encode_request_bundle,
+)
+from inferbus_common.protocol.envelope import Envelope
+from inferbus_common.protocol.framing import FrameError, parts_size
+from inferbus_common.protocol.replies import error_from_fields
+from inferbus_common.protocol.tensors import tensor_frame_parts
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import FrameError, encode_tensors, tensor_frame_parts
 from inferbus_gateway.dispatch.cpuload import CpuLoad
 
 log = logging.getLogger(__name__)
@@ -104,7 +106,7 @@ def plain_version(route: Route | None, pinned: str) -> str:
 
 @dataclass(slots=True, eq=False)
 class Reply:
-    """One request's answer, from a reply bundle or a single reply message.
+    """One request's answer (from a reply bundle, or a sequence worker's reply).
 
     Attributes:
         status: a `StatusCode` name ('' = OK).
@@ -132,7 +134,8 @@ class Reply:
 
     @classmethod
     def from_msg(cls, msg: Msg) -> Reply:
-        """A single reply (headers + body), as services without bundles send it."""
+        """A sequence worker's reply (headers + body, ``ib.seq`` subjects only:
+        requests of a sequence go to the one worker holding it, not in bundles)."""
         hdrs = msg.headers or {}
         return cls(
             hdrs.get(h.STATUS, ""),
@@ -157,6 +160,7 @@ class _Call:
 
     fut: asyncio.Future[Reply]
     request: BundledRequest
+    """The request as it goes into the bundle (its envelope, token, held time, frame)."""
     parts: list[Buffer]
     key: str
     size: int = 0
@@ -188,8 +192,6 @@ class Dispatcher:
         instance: this gateway's unique id (names its inbox).
         direct: publish requests on plain routes (`plain_version`) straight to
             the stable version's batchers instead of through the router.
-        bundles: send request bundles (off: one message per request, with
-            headers, as before bundles existed).
         bundle_window_s: how long a bundle collects requests while the gateway
             is saturated.
         bundle_max_requests: a bundle is sent once it holds this many requests.
@@ -205,14 +207,12 @@ class Dispatcher:
         instance: str,
         *,
         direct: bool = False,
-        bundles: bool = True,
         bundle_window_s: float = 0.006,
         bundle_max_requests: int = 256,
         busy: Callable[[], bool] | None = None,
         bundle_busy_cpu: float = 0.9,
     ) -> None:
         self._direct = direct
-        self._bundles = bundles
         self._window_s = bundle_window_s
         self._max_requests = bundle_max_requests
         self._load: CpuLoad | None = None
@@ -228,7 +228,7 @@ class Dispatcher:
         self._subjects = subjects
         self._inbox = subjects.reply_inbox(instance)
         self._bundle_inbox = f"{self._inbox}.b"
-        self._pending: dict[int, _Call | asyncio.Future[Reply]] = {}
+        self._pending: dict[int, _Call] = {}
         self._next_token = 1
         self._waiting = 0
         self._open: dict[str, _Bundle] = {}
@@ -268,9 +268,8 @@ class Dispatcher:
                     call.fut.set_exception(Unavailable("gateway is shutting down"))
         self._open.clear()
         for waiting in self._pending.values():
-            fut = waiting.fut if isinstance(waiting, _Call) else waiting
-            if not fut.done():
-                fut.set_exception(Unavailable("gateway is shutting down"))
+            if not waiting.fut.done():
+                waiting.fut.set_exception(Unavailable("gateway is shutting down"))
         self._pending.clear()
         if self._sends:
             await asyncio.gather(*self._sends, return_exceptions=True)
@@ -289,19 +288,8 @@ class Dispatcher:
         if suffix.startswith("n"):
             self._on_bundle_no_responders(suffix, msg)
             return
-        try:
-            token = int(suffix)
-        except ValueError:
-            return
-        waiting = self._pending.pop(token, None)
-        fut = waiting.fut if isinstance(waiting, _Call) else waiting
-        if fut is None or fut.done():
-            DUPLICATE_REPLIES.inc()
-            return
-        if is_no_responders(msg):
-            fut.set_exception(_no_responders(msg))
-            return
-        fut.set_result(Reply.from_msg(msg))
+        # Nothing else is answered on this inbox: not a reply bundle, not ours.
+        log.debug("dropped a message on %s: not a reply bundle", msg.subject)
 
     def _on_bundle(self, data: bytes) -> None:
         try:
@@ -314,7 +302,7 @@ class Dispatcher:
         pending = self._pending
         for r in bundle.replies:
             waiting = pending.pop(r.token, None)
-            if waiting is None or not isinstance(waiting, _Call) or waiting.fut.done():
+            if waiting is None or waiting.fut.done():
                 DUPLICATE_REPLIES.inc()
                 continue
             timings = {"queue": r.queue_ms, **shared} if bundle.batch_rows else dict(shared)
@@ -341,72 +329,44 @@ class Dispatcher:
         exc = _no_responders(msg)
         for token in range(first, last + 1):
             waiting = self._pending.pop(token, None)
-            if isinstance(waiting, _Call) and not waiting.fut.done():
+            if waiting is not None and not waiting.fut.done():
                 waiting.fut.set_exception(exc)
 
     # --- requests --------------------------------------------------------------
     async def call(
         self,
-        model: str,
-        *,
-        version: str,
-        request_id: str,
+        envelope: Envelope,
         tensors: list[Tensor],
-        outputs: Sequence[str],
-        deadline_ns: int,
-        priority: int = 0,
-        traceparent: str = "",
-        tenant: str = "",
-        sticky_key: str = "",
+        *,
         route: Route | None = None,
         window_s: float | None = None,
         max_rows: int = 0,
     ) -> Reply:
-        """Send a request and wait for its reply until `deadline_ns`.
+        """Send a request and wait for its reply until ``envelope.deadline_ns``.
 
-        `route` is the model's routing table as the gateway knows it; with
-        ``direct`` on and a plain route the request skips the router.
-        `window_s` caps how long the request may wait in an open bundle (below
-        the dispatcher's own cap); a bundle goes as soon as its rows reach
-        `max_rows` (the model's ``max_batch_size``; 0: no such bound).
+        The request goes in a request bundle (alone, or with others for the
+        same subject). `route` is the model's routing table as the gateway
+        knows it; with ``direct`` on and a plain route the request skips the
+        router. `window_s` caps how long the request may wait in an open bundle
+        (below the dispatcher's own cap); a bundle goes as soon as its rows
+        reach `max_rows` (the model's ``max_batch_size``; 0: no such bound).
 
         Raises:
+            InvalidArgument: the tensors do not fit in one bus message.
             DeadlineExceeded: no reply before the deadline.
             Unavailable: nobody serves the model's subject right now.
         """
-        subject = ""
+        model = envelope.model
+        subject = version = ""
         if self._direct:
-            direct_version = plain_version(route, version)
-            if direct_version:
-                version = direct_version
-                subject = self._subjects.infer(model, direct_version)
-        pinned = "" if subject else version
+            version = plain_version(route, envelope.version)
+            if version:
+                subject = self._subjects.infer(model, version)
         if not subject:
             subject = self._subjects.route(model)
-            version = ""
-        if not self._bundles:
-            if sum(t.nbytes for t in tensors) > self._nc.max_payload - _BUNDLE_OVERHEAD:
-                raise InvalidArgument(
-                    f"the request's tensors are larger than a message on the platform's "
-                    f"bus may be ({self._nc.max_payload} bytes, nats-server max_payload); "
-                    "send fewer rows per request"
-                )
-            return await self._call_single(
-                subject,
-                model,
-                version or pinned,
-                request_id=request_id,
-                tensors=tensors,
-                outputs=outputs,
-                deadline_ns=deadline_ns,
-                priority=priority,
-                traceparent=traceparent,
-                tenant=tenant,
-                sticky_key=sticky_key,
-            )
         loop = asyncio.get_running_loop()
         parts = tensor_frame_parts(tensors)
-        size = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+        size = parts_size(parts)
         limit = self._nc.max_payload - _BUNDLE_OVERHEAD
         if size > limit:
             raise InvalidArgument(
@@ -414,24 +374,7 @@ class Dispatcher:
                 "message on the platform's bus may carry (nats-server max_payload); send "
                 "fewer rows per request"
             )
-        call = _Call(
-            loop.create_future(),
-            BundledRequest(
-                0,
-                request_id,
-                deadline_ns,
-                0,
-                priority,
-                tuple(outputs),
-                traceparent,
-                tenant,
-                sticky_key,
-                pinned,
-            ),
-            parts,
-            subject,
-            size,
-        )
+        call = _Call(loop.create_future(), BundledRequest(envelope), parts, subject, size)
         rows = tensors[0].shape[0] if tensors and tensors[0].shape else 1
         lead = self._enqueue(call, model, version, rows, max_rows, window_s)
         timer = None
@@ -447,7 +390,7 @@ class Dispatcher:
                 out = self._prepare(call.key, lead)
                 if out is not None:
                     await self._send(*out)
-            remaining = h.remaining_s(deadline_ns)
+            remaining = h.remaining_s(envelope.deadline_ns)
             if remaining <= 0:
                 raise TimeoutError
             # A timer on the reply's own future instead of `asyncio.wait_for`: the
@@ -456,7 +399,8 @@ class Dispatcher:
             return await call.fut
         except TimeoutError:
             raise DeadlineExceeded(
-                f"request {request_id} for model '{model}' got no answer before its deadline"
+                f"request {envelope.request_id} for model '{model}' got no answer before "
+                "its deadline"
             ) from None
         finally:
             if timer is not None:
@@ -580,63 +524,6 @@ class Dispatcher:
         IN_FLIGHT.value = self._waiting
         if call.token:
             self._pending.pop(call.token, None)
-
-    async def _call_single(
-        self,
-        subject: str,
-        model: str,
-        version: str,
-        *,
-        request_id: str,
-        tensors: list[Tensor],
-        outputs: Sequence[str],
-        deadline_ns: int,
-        priority: int,
-        traceparent: str,
-        tenant: str,
-        sticky_key: str,
-    ) -> Reply:
-        """One message per request, with headers (bundles off)."""
-        token = self._next_token
-        self._next_token += 1
-        reply = f"{self._inbox}.{token}"
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Reply] = loop.create_future()
-        self._pending[token] = fut
-        headers = {
-            h.REQUEST_ID: request_id,
-            h.DEADLINE: str(deadline_ns),
-            h.MODEL: model,
-            h.REPLY: reply,
-        }
-        if version:
-            headers[h.VERSION] = version
-        if outputs:
-            headers[h.OUTPUTS] = ",".join(outputs)
-        if priority:
-            headers[h.PRIORITY] = str(priority)
-        if traceparent:
-            headers[h.TRACEPARENT] = traceparent
-        if tenant:
-            headers[h.TENANT] = tenant
-        if sticky_key:
-            headers[h.STICKY_KEY] = sticky_key
-        try:
-            await self._nc.publish(subject, encode_tensors(tensors), reply=reply, headers=headers)
-            remaining = h.remaining_s(deadline_ns)
-            if remaining <= 0:
-                raise TimeoutError
-            timer = loop.call_later(remaining, _expire, fut)
-            try:
-                return await fut
-            finally:
-                timer.cancel()
-        except TimeoutError:
-            raise DeadlineExceeded(
-                f"request {request_id} for model '{model}' got no answer before its deadline"
-            ) from None
-        finally:
-            self._pending.pop(token, None)
 
 
 def _no_responders(msg: Msg) -> Unavailable:

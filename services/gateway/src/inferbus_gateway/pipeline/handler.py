@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import Catalog, DeployedVersion, is_rejected, not_ready_error
 from inferbus_common.errors import (
     FailedPrecondition,
@@ -19,8 +18,11 @@ from inferbus_common.errors import (
     NotFound,
     Unavailable,
 )
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.envelope import Envelope
+from inferbus_common.protocol.framing import FrameError
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.validation import RequestChecker
-from inferbus_common.wire import FrameError, decode_tensors
 from inferbus_gateway.canonical import InferResponse
 from inferbus_gateway.dispatch.dispatcher import Dispatcher, Reply
 from inferbus_gateway.dispatch.lazyload import LazyLoader
@@ -128,16 +130,18 @@ class Dispatch:
             # The router hashes it; client header names are case-insensitive.
             request.sticky_key = call.headers.get(route.sticky[7:].lower(), "")
         return await self._dispatcher.call(
-            request.model,
-            version=request.version,
-            request_id=call.request_id,
-            tensors=request.inputs,
-            outputs=request.outputs,
-            deadline_ns=deadline_ns,
-            priority=request.priority,
-            traceparent=request.traceparent,
-            tenant=request.tenant,
-            sticky_key=request.sticky_key,
+            Envelope(
+                call.request_id,
+                request.model,
+                deadline_ns,
+                request.version,
+                request.priority,
+                tuple(request.outputs),
+                request.traceparent,
+                request.tenant,
+                request.sticky_key,
+            ),
+            request.inputs,
             route=route,
             max_rows=dv.config.max_batch_size,
         )

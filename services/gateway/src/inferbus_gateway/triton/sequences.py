@@ -38,7 +38,6 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from prometheus_client import Counter
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import Catalog, DeployedVersion
 from inferbus_common.codec import Tensor
 from inferbus_common.errors import (
@@ -47,6 +46,8 @@ from inferbus_common.errors import (
     InvalidArgument,
     Unavailable,
 )
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.tensors import encode_tensors
 from inferbus_common.sequences import (
     SequenceFlags,
     check_sequence_id,
@@ -55,7 +56,6 @@ from inferbus_common.sequences import (
     place,
 )
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import encode_tensors
 from inferbus_gateway.dispatch.dispatcher import Reply
 
 log = logging.getLogger(__name__)

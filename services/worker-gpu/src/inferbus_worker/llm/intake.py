@@ -14,12 +14,12 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from inferbus_common import headers as h
 from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import InferbusError, ResourceExhausted, Unavailable
 from inferbus_common.generation import LLM_FULL_REASON
-from inferbus_common.replies import error_headers
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.replies import error_headers
 from inferbus_common.subjects import Subjects
 from inferbus_worker.heartbeat import NATS_ERRORS
 from inferbus_worker.llm import metrics

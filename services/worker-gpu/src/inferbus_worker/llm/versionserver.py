@@ -20,7 +20,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import (
     DeadlineExceeded,
@@ -32,7 +31,8 @@ from inferbus_common.errors import (
 )
 from inferbus_common.generation import LLM_FULL_REASON, GenerationChunk, GenerationRequest
 from inferbus_common.modelconfig import GenerationConfig
-from inferbus_common.replies import error_headers
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.replies import error_headers
 from inferbus_common.subjects import Subjects
 from inferbus_worker.heartbeat import NATS_ERRORS
 from inferbus_worker.llm import metrics

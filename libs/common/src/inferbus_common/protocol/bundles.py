@@ -6,9 +6,14 @@ worker after an engine run, a batcher or router refusing them) sends one
 *reply bundle* (``IBR1``) per gateway inbox instead of one message per
 request. Byte layouts: docs/architecture.md, "Wire formats".
 
+A lone request is a bundle of one: this is the only framing of requests on
+``ib.route.<model>`` and ``ib.infer.<model>.<version>``, and reply bundles the
+only framing on a gateway's ``<inbox>.b``.
+
 Each request carries a *token*, the gateway's key for the call waiting on
-it; replies name the token. Frames inside a bundle are ordinary tensor frames
-(`inferbus_common.wire`), decoded as zero-copy slices of the message.
+it; replies name the token. Each request's metadata is its `Envelope`.
+Frames inside a bundle are ordinary tensor frames
+(`inferbus_common.protocol.tensors`), decoded as zero-copy slices of the message.
 """
 
 from __future__ import annotations
@@ -18,54 +23,44 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from inferbus_common.codec import Buffer
-from inferbus_common.wire import FrameError, split_outputs
+from inferbus_common.protocol.envelope import Envelope
+from inferbus_common.protocol.framing import (
+    U32,
+    FrameError,
+    get_str,
+    one_line,
+    parts_size,
+    put_str,
+    split_outputs,
+)
 
 REQUEST_BUNDLE_MAGIC = b"IBQ1"
 REPLY_BUNDLE_MAGIC = b"IBR1"
 
-_U16 = struct.Struct("<H")
-_U32 = struct.Struct("<I")
 # Request entry: token, deadline, held, frame length, priority, mirror token.
 _REQUEST = struct.Struct("<QqqIBQ")
 # Reply entry: token, queue time (ms), frame length.
 _REPLY = struct.Struct("<QfI")
-_MAX_STR = 0xFFFF
-_MAX_ERROR = 1024
-"""Error messages are cut to this many characters (as on single replies)."""
 
 
 @dataclass(slots=True)
 class BundledRequest:
-    """One request inside a request bundle.
+    """One request inside a request bundle: its envelope and this hop's fields.
 
     Attributes:
+        envelope: the request's metadata (shared, never changed in place).
         token: the sender's key for the call waiting on this request; the
             reply names it.
-        request_id: the request's id (logs, de-duplication).
-        deadline_ns: absolute deadline, unix ns.
         held_ns: how long the request waited in the sender's open bundle (ns):
             the model's batching delay counts it as time already waited.
-        priority: priority level (0 = the model's default).
-        outputs: requested output names (empty = all).
-        traceparent: W3C trace context.
-        tenant: tenant the request is billed to (sticky routing by tenant).
-        sticky_key: value of the route's stickiness header.
-        pin: version or alias the client pinned ('' = the router chooses).
         mirror: inbox a copy of the reply also goes to ('' = none; shadow compare).
         mirror_token: the copy's token in `mirror`'s bundles.
         frame: the request's tensor frame (a zero-copy slice after decoding).
     """
 
-    token: int
-    request_id: str
-    deadline_ns: int
+    envelope: Envelope
+    token: int = 0
     held_ns: int = 0
-    priority: int = 0
-    outputs: tuple[str, ...] = ()
-    traceparent: str = ""
-    tenant: str = ""
-    sticky_key: str = ""
-    pin: str = ""
     mirror: str = ""
     mirror_token: int = 0
     frame: Buffer = b""
@@ -129,27 +124,6 @@ class ReplyBundle:
     replies: list[BundledReply]
 
 
-def _put_str(parts: list[Buffer], value: str) -> None:
-    raw = value.encode("utf-8")
-    if len(raw) > _MAX_STR:
-        raise FrameError("a string in a bundle is longer than 65535 bytes")
-    parts.append(_U16.pack(len(raw)))
-    parts.append(raw)
-
-
-def _get_str(view: memoryview, offset: int) -> tuple[str, int]:
-    (n,) = _U16.unpack_from(view, offset)
-    offset += 2
-    end = offset + n
-    if end > view.nbytes:
-        raise FrameError("truncated bundle")
-    return bytes(view[offset:end]).decode("utf-8"), end
-
-
-def _size(parts: Sequence[Buffer]) -> int:
-    return sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
-
-
 def _attach_frames(
     view: memoryview,
     offset: int,
@@ -168,11 +142,6 @@ def _attach_frames(
         raise FrameError(f"{view.nbytes - offset} trailing bytes after a {what}")
 
 
-def is_request_bundle(data: Buffer) -> bool:
-    """Whether a message body is a request bundle (else a single request's frame)."""
-    return bytes(memoryview(data)[:4]) == REQUEST_BUNDLE_MAGIC
-
-
 def encode_request_bundle(
     model: str,
     version: str,
@@ -186,22 +155,23 @@ def encode_request_bundle(
     bundle) are joined once, with the header, into the message.
     """
     head: list[Buffer] = [REQUEST_BUNDLE_MAGIC]
-    _put_str(head, model)
-    _put_str(head, version)
-    _put_str(head, inbox)
-    head.append(_U32.pack(len(requests)))
+    put_str(head, model)
+    put_str(head, version)
+    put_str(head, inbox)
+    head.append(U32.pack(len(requests)))
     pack = _REQUEST.pack
     for r, parts in zip(requests, frames, strict=True):
+        e = r.envelope
         head.append(
-            pack(r.token, r.deadline_ns, r.held_ns, _size(parts), r.priority, r.mirror_token)
+            pack(r.token, e.deadline_ns, r.held_ns, parts_size(parts), e.priority, r.mirror_token)
         )
-        _put_str(head, r.request_id)
-        _put_str(head, ",".join(r.outputs))
-        _put_str(head, r.traceparent)
-        _put_str(head, r.tenant)
-        _put_str(head, r.sticky_key)
-        _put_str(head, r.pin)
-        _put_str(head, r.mirror)
+        put_str(head, e.request_id)
+        put_str(head, ",".join(e.outputs))
+        put_str(head, e.traceparent)
+        put_str(head, e.tenant)
+        put_str(head, e.sticky_key)
+        put_str(head, e.version)
+        put_str(head, r.mirror)
     for parts in frames:
         head += parts
     return b"".join(head)
@@ -217,10 +187,10 @@ def decode_request_bundle(data: Buffer) -> RequestBundle:
     try:
         if bytes(view[:4]) != REQUEST_BUNDLE_MAGIC:
             raise FrameError("not an inferbus request bundle (bad magic)")
-        model, offset = _get_str(view, 4)
-        version, offset = _get_str(view, offset)
-        inbox, offset = _get_str(view, offset)
-        (n,) = _U32.unpack_from(view, offset)
+        model, offset = get_str(view, 4)
+        version, offset = get_str(view, offset)
+        inbox, offset = get_str(view, offset)
+        (n,) = U32.unpack_from(view, offset)
         offset += 4
         requests: list[BundledRequest] = []
         lengths: list[int] = []
@@ -228,31 +198,19 @@ def decode_request_bundle(data: Buffer) -> RequestBundle:
         for _ in range(n):
             token, deadline, held, frame_len, priority, mirror_token = unpack(view, offset)
             offset += size
-            rid, offset = _get_str(view, offset)
-            outs, offset = _get_str(view, offset)
-            tp, offset = _get_str(view, offset)
-            tenant, offset = _get_str(view, offset)
-            sticky, offset = _get_str(view, offset)
-            pin, offset = _get_str(view, offset)
-            mirror, offset = _get_str(view, offset)
-            requests.append(
-                BundledRequest(
-                    token,
-                    rid,
-                    deadline,
-                    held,
-                    priority,
-                    split_outputs(outs),
-                    tp,
-                    tenant,
-                    sticky,
-                    pin,
-                    mirror,
-                    mirror_token,
-                )
+            rid, offset = get_str(view, offset)
+            outs, offset = get_str(view, offset)
+            tp, offset = get_str(view, offset)
+            tenant, offset = get_str(view, offset)
+            sticky, offset = get_str(view, offset)
+            pin, offset = get_str(view, offset)
+            mirror, offset = get_str(view, offset)
+            envelope = Envelope(
+                rid, model, deadline, pin, priority, split_outputs(outs), tp, tenant, sticky
             )
+            requests.append(BundledRequest(envelope, token, held, mirror, mirror_token))
             lengths.append(frame_len)
-    except (struct.error, UnicodeDecodeError) as exc:
+    except struct.error as exc:
         raise FrameError(f"truncated request bundle: {exc}") from None
     _attach_frames(view, offset, requests, lengths, "request bundle")
     return RequestBundle(model, version, inbox, requests)
@@ -269,17 +227,17 @@ def encode_reply_bundle(
     """One reply bundle; `frames[i]` are the pieces of reply i's outputs frame
     (empty for an error), joined once with the header."""
     head: list[Buffer] = [REPLY_BUNDLE_MAGIC]
-    _put_str(head, version)
-    _put_str(head, digest)
-    _put_str(head, timings)
-    head.append(_U32.pack(batch_rows))
-    head.append(_U32.pack(len(replies)))
+    put_str(head, version)
+    put_str(head, digest)
+    put_str(head, timings)
+    head.append(U32.pack(batch_rows))
+    head.append(U32.pack(len(replies)))
     pack = _REPLY.pack
     for r, parts in zip(replies, frames, strict=True):
-        head.append(pack(r.token, r.queue_ms, _size(parts)))
-        _put_str(head, r.status)
-        _put_str(head, " ".join(r.error.split())[:_MAX_ERROR] if r.error else "")
-        _put_str(head, r.reason)
+        head.append(pack(r.token, r.queue_ms, parts_size(parts)))
+        put_str(head, r.status)
+        put_str(head, one_line(r.error))
+        put_str(head, r.reason)
     for parts in frames:
         head += parts
     return b"".join(head)
@@ -295,11 +253,11 @@ def decode_reply_bundle(data: Buffer) -> ReplyBundle:
     try:
         if bytes(view[:4]) != REPLY_BUNDLE_MAGIC:
             raise FrameError("not an inferbus reply bundle (bad magic)")
-        version, offset = _get_str(view, 4)
-        digest, offset = _get_str(view, offset)
-        timings, offset = _get_str(view, offset)
-        (batch_rows,) = _U32.unpack_from(view, offset)
-        (n,) = _U32.unpack_from(view, offset + 4)
+        version, offset = get_str(view, 4)
+        digest, offset = get_str(view, offset)
+        timings, offset = get_str(view, offset)
+        (batch_rows,) = U32.unpack_from(view, offset)
+        (n,) = U32.unpack_from(view, offset + 4)
         offset += 8
         replies: list[BundledReply] = []
         lengths: list[int] = []
@@ -307,12 +265,12 @@ def decode_reply_bundle(data: Buffer) -> ReplyBundle:
         for _ in range(n):
             token, queue_ms, frame_len = unpack(view, offset)
             offset += size
-            status, offset = _get_str(view, offset)
-            error, offset = _get_str(view, offset)
-            reason, offset = _get_str(view, offset)
+            status, offset = get_str(view, offset)
+            error, offset = get_str(view, offset)
+            reason, offset = get_str(view, offset)
             replies.append(BundledReply(token, status, error, reason, queue_ms))
             lengths.append(frame_len)
-    except (struct.error, UnicodeDecodeError) as exc:
+    except struct.error as exc:
         raise FrameError(f"truncated reply bundle: {exc}") from None
     _attach_frames(view, offset, replies, lengths, "reply bundle")
     return ReplyBundle(version, digest, timings, batch_rows, replies)

@@ -1,7 +1,10 @@
 """NATS header names of the internal contract, and helpers to read them.
 
-Requests travel gateway → router → batcher with these headers; the router
-looks at headers only, never at the body.
+Tensor requests carry their metadata inside request bundles (`Envelope`),
+not in headers. Headers carry the metadata of the other request kinds, each
+on its own subjects: generative requests (``ib.route`` → ``ib.gen``, answered
+as a stream), sequence requests (``ib.seq``, answered by the worker holding
+the sequence), and JetStream's de-duplication id on micro-batches.
 """
 
 from __future__ import annotations
@@ -55,9 +58,6 @@ FINAL = "Ib-Final"
 HANDOFF = "Ib-Handoff"
 """On generative requests: how many times full LLM workers published the request
 back to its subject for a worker with room (bounded, see the LLM worker)."""
-MIRROR = "Ib-Mirror"
-"""Subject a worker also publishes its reply to (after the client's), set by the
-router on the primary copy of a shadowed request so it can compare the two."""
 
 SEQUENCE_ID = "Ib-Sequence-Id"
 """On requests of a stateful model: the sequence id, ``i:<integer>`` or ``s:<text>``
