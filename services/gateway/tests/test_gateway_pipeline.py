@@ -38,6 +38,7 @@ from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.tensors import encode_tensors
 from inferbus_common.sequences import SequenceFlags
 from inferbus_common.subjects import Subjects
+from inferbus_gateway.__main__ import build_pipeline
 from inferbus_gateway.admission import Admission, BreakerOpen
 from inferbus_gateway.canonical import InferRequest, InferResponse, ShmRef
 from inferbus_gateway.dispatch.dispatcher import Reply
@@ -466,3 +467,46 @@ async def test_observers_see_model_answers_and_never_fail_them() -> None:
     assert answer.version == "1"
     await step(InferCall.start(_request(), "grpc"), _returns(_answer("2", "deadline")))
     assert seen == ["1"]  # a fallback answer is not the model's
+
+
+async def test_build_pipeline_orders_the_steps_and_leaves_out_those_turned_off(
+    nats_client: Client,
+) -> None:
+    dv = DeployedVersion(model="fraud", version="1", config=_config())
+    handler = _handler(Catalog(dv), Dispatcher(_reply()))
+    settings = GatewaySettings(_env_file=None)  # type: ignore[call-arg]
+    async with Admission.from_settings(settings, "gw") as admission:
+        full = build_pipeline(
+            settings,
+            handler,
+            nc=nats_client,
+            subjects=SUBJECTS,
+            instance="gw",
+            admission=admission,
+            observers=[lambda request, response: None],
+            shared_memory=None,
+        )
+    assert [type(s) for s in full] == [
+        AuditTrail,
+        RequestMetrics,
+        Observers,
+        Fallback,
+        Admit,
+        SharedMemory,
+        Idempotency,
+    ]
+    await full[0].close()  # type: ignore[attr-defined]
+    off = GatewaySettings(  # type: ignore[call-arg]
+        _env_file=None, audit_enabled=False, idempotency_window_s=0
+    )
+    bare = build_pipeline(
+        off,
+        handler,
+        nc=nats_client,
+        subjects=SUBJECTS,
+        instance="gw",
+        admission=None,
+        observers=[],
+        shared_memory=None,
+    )
+    assert [type(s) for s in bare] == [RequestMetrics, Fallback, SharedMemory]

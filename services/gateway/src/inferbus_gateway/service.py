@@ -7,7 +7,6 @@ reads resolve → validate → dispatch → decode.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 
 from nats.aio.client import Client
@@ -37,8 +36,6 @@ SERVER_EXTENSIONS = [
     "parameters",
 ]
 """Triton protocol extensions this gateway speaks (server metadata lists them)."""
-
-log = logging.getLogger(__name__)
 
 
 def _tensor_metadata(spec: TensorSpec) -> dict[str, object]:

@@ -10,6 +10,7 @@ one place the gateway sends a request into the platform).
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 
 from inferbus_common.catalog import Catalog, DeployedVersion, is_rejected, not_ready_error
 from inferbus_common.errors import (
@@ -115,8 +116,11 @@ class Dispatch:
         self._dispatcher = dispatcher
         self.sequences = sequences
 
-    async def send(self, call: InferCall, dv: DeployedVersion, deadline_ns: int) -> Reply:
+    def send(self, call: InferCall, dv: DeployedVersion, deadline_ns: int) -> Awaitable[Reply]:
         """Send the call's request to `dv`'s model and wait for its reply until `deadline_ns`.
+
+        Returns the dispatcher's own awaitable (no coroutine of its own: this is
+        on every request's path).
 
         Raises:
             Unavailable: a sequence model and no sequence router.
@@ -124,12 +128,12 @@ class Dispatch:
         """
         request = call.request
         if request.sequence is not None:
-            return await self._send_sequence(call, dv, deadline_ns)
+            return self._send_sequence(call, dv, deadline_ns)
         route = self._catalog.routes.get(request.model)
         if call.headers and route is not None and route.sticky.startswith("header:"):
             # The router hashes it; client header names are case-insensitive.
             request.sticky_key = call.headers.get(route.sticky[7:].lower(), "")
-        return await self._dispatcher.call(
+        return self._dispatcher.call(
             Envelope(
                 call.request_id,
                 request.model,

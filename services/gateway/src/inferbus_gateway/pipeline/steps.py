@@ -348,4 +348,6 @@ class Idempotency:
 
     async def __call__(self, call: InferCall, next_step: Handler) -> InferResponse:
         """Answer `call` once per id and inputs within the cache's window."""
+        if not call.request.id:
+            return await next_step(call)  # nothing to join or replay (the cache's own rule)
         return await self._cache.run(call.request, functools.partial(next_step, call))
