@@ -467,7 +467,7 @@ async def test_generate_requests_go_to_the_gen_subject_by_the_same_rules(
         while not got:
             assert time.monotonic() < deadline
             await nats_client.publish(
-                SUBJECTS.route("llm"),
+                SUBJECTS.gen_route("llm"),
                 b"{}",
                 headers={h.MODEL: "llm", h.KIND: h.KIND_GENERATE, h.REQUEST_ID: "g"},
             )
@@ -494,7 +494,7 @@ async def test_generate_request_nobody_takes_is_answered_429_or_503(
 
     async def ask(rid: str) -> dict[str, str]:
         await nats_client.publish(
-            SUBJECTS.route("llm-full"),
+            SUBJECTS.gen_route("llm-full"),
             b"{}",
             headers={
                 h.MODEL: "llm-full",
