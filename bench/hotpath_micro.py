@@ -22,9 +22,10 @@ metrics (``labels(...)`` twice vs the cached children).
 Round 5 (batcher and worker CPU per request, issue #10), fraud model
 (64 FP32 inputs, 2 outputs): re-validating a request layout that passed
 (``ModelConfig.validate_request`` vs `RequestChecker`, batcher per request,
-worker per micro-batch), the worker's OK replies of one 8-row execution
-(`ok_reply` per request, as before, vs `BatchReplies` once and ``ok`` per
-request) and its reply counter (``inc()`` per reply vs once per execution).
+worker per micro-batch) and the worker's reply counter (``inc()`` per reply
+vs once per execution). (Round 5 also compared single OK replies per request
+with `BatchReplies`; single replies went with the single-request path in
+issue 25, so that step is gone: findings.md keeps its figures.)
 Run only these with ``--round 5``.
 """
 
@@ -111,7 +112,7 @@ def round5_steps() -> list[tuple[str, Callable[[], object], Callable[[], object]
     from inferbus_common.codec import tensor_from_numpy
     from inferbus_common.protocol.microbatch import BatchEntry, MicroBatch
     from inferbus_common.validation import RequestChecker
-    from inferbus_worker.microbatch import BatchReplies, LiveRequest, ReplyContext, ok_reply
+    from inferbus_worker.microbatch import LiveRequest
 
     config = model_config("fraud", 64, 2)
     rng = np.random.default_rng(0)
@@ -121,8 +122,6 @@ def round5_steps() -> list[tuple[str, Callable[[], object], Callable[[], object]
     checker.check(one)
     checker.check(four)
     rows = 8
-    outputs = {"output": rng.random((rows, 2), dtype=np.float32)}
-    ctx = ReplyContext("1", "sha256:" + "ab" * 32)
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     requests = [
         LiveRequest(BatchEntry(f"req-{i:028d}", f"_INBOX.x.{i}", 0, 1, 1, (), tp), i)
@@ -132,26 +131,6 @@ def round5_steps() -> list[tuple[str, Callable[[], object], Callable[[], object]
     registry = CollectorRegistry()
     replies = Counter("r5", "r5", ["model", "version", "status"], registry=registry)
     child = replies.labels("fraud", "1", "OK")
-
-    def replies_old() -> None:
-        for r in requests:
-            ok_reply(
-                ctx,
-                r,
-                outputs,
-                batched=True,
-                queue_ms=0.5,
-                compute_ms=0.07,
-                batch_rows=rows,
-                stages_ms={},
-            )
-
-    def replies_new() -> None:
-        batch = BatchReplies(
-            ctx, outputs, batched=True, compute_ms=0.07, batch_rows=rows, stages_ms={}
-        )
-        for r in requests:
-            batch.ok(r, 0.5)
 
     def count_old() -> None:
         for _ in range(rows):
@@ -167,11 +146,6 @@ def round5_steps() -> list[tuple[str, Callable[[], object], Callable[[], object]
             "worker: validate a micro-batch, 4 rows (validate_request vs RequestChecker)",
             lambda: config.validate_request(four),
             lambda: checker.check(four),
-        ),
-        (
-            "worker: OK replies of an 8-row execution, 8 requests (ok_reply each vs BatchReplies)",
-            replies_old,
-            replies_new,
         ),
         (
             "worker: count 8 OK replies (inc() each vs inc(8) once)",

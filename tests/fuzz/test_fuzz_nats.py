@@ -56,6 +56,7 @@ def _subjects(stack) -> list[str]:
         f"{S.prefix}.events.registry.{model}",
         f"{S.prefix}.audit.{model}",
         gateway_inbox.replace(">", "x.1"),
+        gateway_inbox.replace(">", "x.b"),  # a gateway's reply-bundle inbox
     ]
 
 

@@ -134,6 +134,8 @@ def test_no_credentials_is_refused(secured) -> None:
         ("gateway", "ib.batch.default.fraud.1", "only the batcher writes the work queue"),
         ("gateway", "ib.gen.fraud.1", "only the router routes generative requests"),
         ("worker", "ib.route.fraud", "only gateways send requests in"),
+        ("worker", "ib.genroute.llm", "only gateways send generative requests in"),
+        ("batcher", "ib.route.fraud", "a batcher does not send requests in"),
         ("worker", "ib.seq.w-2.acc.1", "only gateways send sequence requests"),
         ("router", "ib.seqwho.acc.1", "only gateways look for sequences"),
         ("router", "ib.events.registry.fraud", "only the registry announces lifecycle events"),
@@ -156,6 +158,7 @@ async def test_publish_outside_permissions_is_refused(
     ("role", "subject"),
     [
         ("worker", "ib.route.>"),  # a worker may not read requests with their tenants
+        ("worker", "ib.genroute.>"),  # nor prompts
         ("gateway", "ib.infer.>"),
         ("batcher", "ib.reply.>"),  # answers are for gateways only
         ("router", "_INBOX_registry.>"),  # another service's JetStream answers
@@ -174,6 +177,7 @@ async def test_subscribe_outside_permissions_is_refused(
     ("role", "subject"),
     [
         ("gateway", "ib.route.fraud"),
+        ("gateway", "ib.genroute.llm"),  # generative requests: their own subject
         ("gateway", "ib.infer.fraud.1"),  # direct dispatch of plain routes
         ("router", "ib.infer.fraud.1"),
         ("worker", "ib.reply.gw-1.7"),

@@ -74,6 +74,7 @@ def test_subjects_have_a_fixed_number_of_tokens(name: str) -> None:
     assert len(s.infer(name, name).split(".")) == 4
     assert len(s.batch(name, name, name).split(".")) == 5
     assert len(s.gen(name, "1").split(".")) == 4
+    assert s.gen_route(name).split(".") == ["ib", "genroute", subject_token(name)]
     assert len(s.events(name).split(".")) == 4
     assert len(s.reply_inbox(name).split(".")) == 3
     assert _NAME_OK.match(s.batch_consumer(name, name, name))

@@ -10,6 +10,7 @@ from inferbus_batcher.batching import ModelQueue, PendingRequest
 from inferbus_common.codec import Tensor
 from inferbus_common.errors import InvalidArgument, ResourceExhausted
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.tensors import batch_signature
 
 US = 1_000
@@ -53,8 +54,9 @@ def req(
 ) -> PendingRequest:
     tensors = [Tensor("x", "FP32", (rows, width), bytes(rows * width * 4))]
     return PendingRequest(
-        request_id=f"r{next(_ids)}",
+        envelope=Envelope(f"r{next(_ids)}", "m", deadline_ns),
         reply="inbox",
+        token=1,
         deadline_ns=deadline_ns,
         enqueued_ns=WALL0 + at_us * US,
         enqueued_mono_ns=at_us * US,

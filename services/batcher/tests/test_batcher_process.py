@@ -12,7 +12,12 @@ import pytest
 from inferbus_common.catalog import DeployedVersion, ensure_kv
 from inferbus_common.codec import Tensor
 from inferbus_common.modelconfig import ModelConfig
-from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.bundles import (
+    BundledRequest,
+    decode_reply_bundle,
+    encode_request_bundle,
+)
+from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.microbatch import decode_batch
 from inferbus_common.protocol.tensors import encode_tensors
 from inferbus_common.subjects import Subjects
@@ -28,23 +33,22 @@ POOL = "default"
 
 async def _probe_intake(nc: nats.aio.client.Client, subjects: Subjects) -> None:
     # nats-server (seen with 2.15.1) can drop the first message published right
-    # after a new subscription; a request for an undeployed model is answered
-    # NOT_FOUND once the batcher's intake really works.
+    # after a new subscription; a request bundle for an undeployed model is
+    # answered NOT_FOUND once the batcher's intake really works.
     inbox = f"{subjects.prefix}.reply.probe"
+    probe = encode_request_bundle(
+        "not-deployed", "1", inbox, [BundledRequest(Envelope("probe", "not-deployed", 0), 1)], [()]
+    )
     sub = await nc.subscribe(inbox)
     try:
         async with asyncio.timeout(10):
             while True:
-                await nc.publish(
-                    subjects.infer("not-deployed", "1"),
-                    b"",
-                    headers={h.REQUEST_ID: "probe", h.REPLY: inbox},
-                )
+                await nc.publish(subjects.infer("not-deployed", "1"), probe)
                 try:
                     msg = await sub.next_msg(timeout=0.1)
                 except TimeoutError:
                     continue
-                assert msg.headers[h.STATUS] == "NOT_FOUND"
+                assert decode_reply_bundle(msg.data).replies[0].status == "NOT_FOUND"
                 return
     finally:
         await sub.unsubscribe()
@@ -87,13 +91,13 @@ async def test_process_serves_ops_and_drains_on_sigterm(
         frame = encode_tensors([Tensor("x", "INT32", (1, 2), data)])
         await nc.publish(
             subjects.infer(MODEL, VERSION),
-            frame,
-            headers={
-                h.REQUEST_ID: "queued-1",
-                h.MODEL: MODEL,
-                h.VERSION: VERSION,
-                h.REPLY: "bproc.reply.x.1",
-            },
+            encode_request_bundle(
+                MODEL,
+                VERSION,
+                "bproc.reply.x.b",
+                [BundledRequest(Envelope("queued-1", MODEL, 0), 1)],
+                [(frame,)],
+            ),
         )
         gauge = f'inferbus_batcher_queue_depth{{model="{MODEL}",version="{VERSION}"}} 1.0'
         deadline = time.monotonic() + 5

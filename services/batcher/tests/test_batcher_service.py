@@ -13,6 +13,7 @@ import struct
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -33,6 +34,7 @@ from inferbus_common.protocol.bundles import (
     decode_reply_bundle,
     encode_request_bundle,
 )
+from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.microbatch import MicroBatch, decode_batch
 from inferbus_common.protocol.tensors import encode_tensors
 from inferbus_common.subjects import Subjects
@@ -59,6 +61,14 @@ def config(**batching: Any) -> ModelConfig:
     )
 
 
+@dataclass
+class Answer:
+    """One request's answer from a reply bundle, in the shape tests read."""
+
+    headers: dict[str, str]
+    data: bytes
+
+
 class Harness:
     """One test's prefix, catalog entries, batcher and reply inbox."""
 
@@ -67,11 +77,14 @@ class Harness:
         self.url = url
         self.subjects = Subjects(f"bt{next(_prefixes)}")
         self.inbox = f"{self.subjects.prefix}.reply.test"
-        self.replies: dict[str, nats.aio.msg.Msg] = {}
+        self.replies: dict[str, Answer] = {}
+        self._tokens = itertools.count(1_000_000)
+        self._rids: dict[int, str] = {}
         self.reply_count = 0
         self.duplicates: list[str] = []
         self.bundle_replies: list[BundledReply] = []
         self.bundle_versions: list[str] = []
+        self.old_form: list[nats.aio.msg.Msg] = []
         self._probed = asyncio.Event()
         self._got = asyncio.Event()
 
@@ -99,21 +112,28 @@ class Harness:
     @asynccontextmanager
     async def batcher(self, **kw: Any) -> AsyncIterator[Batcher]:
         async def on_reply(msg: nats.aio.msg.Msg) -> None:
-            if msg.subject == f"{self.inbox}.b":
-                bundle = decode_reply_bundle(msg.data)
-                self.bundle_replies += bundle.replies
-                self.bundle_versions.append(bundle.version)
-                self.reply_count += len(bundle.replies)
+            if msg.subject == f"{self.inbox}.old":
+                self.old_form.append(msg)
                 self._got.set()
                 return
-            rid = (msg.headers or {}).get(h.REQUEST_ID, "")
-            if rid.startswith("probe-"):
-                self._probed.set()
-                return
-            if rid in self.replies:
-                self.duplicates.append(rid)
-            self.replies[rid] = msg
-            self.reply_count += 1
+            bundle = decode_reply_bundle(msg.data)
+            for r in bundle.replies:
+                rid = self._rids.get(r.token)
+                if rid is None:  # sent with send_bundle
+                    self.bundle_replies.append(r)
+                    self.reply_count += 1
+                    continue
+                if rid.startswith("probe-"):
+                    self._probed.set()
+                    continue
+                if rid in self.replies:
+                    self.duplicates.append(rid)
+                headers = {h.REQUEST_ID: rid, h.VERSION: bundle.version}
+                if r.status:
+                    headers.update({h.STATUS: r.status, h.ERROR: r.error, h.REASON: r.reason})
+                self.replies[rid] = Answer(headers, bytes(r.frame))
+                self.reply_count += 1
+            self.bundle_versions.append(bundle.version)
             self._got.set()
 
         sub = await self.nc.subscribe(f"{self.inbox}.>", cb=on_reply)
@@ -149,18 +169,22 @@ class Harness:
         version: str = VERSION,
         priority: int | None = None,
     ) -> None:
-        hdrs = {
-            h.REQUEST_ID: rid,
-            h.MODEL: model,
-            h.VERSION: version,
-            h.REPLY: f"{self.inbox}.{rid}",
-            h.TRACEPARENT: f"00-{'a' * 32}-{'b' * 16}-01",
-        }
-        if deadline_ns is not None:
-            hdrs[h.DEADLINE] = str(deadline_ns)
-        if priority is not None:
-            hdrs[h.PRIORITY] = str(priority)
-        await self.nc.publish(self.subjects.infer(model, version), payload, headers=hdrs)
+        """One request, as a gateway sends it: a bundle of one (answers in `replies`)."""
+        token = next(self._tokens)
+        self._rids[token] = rid
+        env = Envelope(
+            rid,
+            model,
+            deadline_ns or 0,
+            priority=priority or 0,
+            traceparent=f"00-{'a' * 32}-{'b' * 16}-01",
+        )
+        await self.nc.publish(
+            self.subjects.infer(model, version),
+            encode_request_bundle(
+                model, version, f"{self.inbox}.b", [BundledRequest(env, token)], [(payload,)]
+            ),
+        )
 
     async def send_bundle(
         self,
@@ -174,7 +198,8 @@ class Harness:
         """One request bundle of (token, frame); replies come to ``<inbox>.b``."""
         deadline = deadline_ns if deadline_ns is not None else time.time_ns() + 30_000_000_000
         entries = [
-            BundledRequest(token, f"tok-{token}", deadline, held_ns) for token, _ in requests
+            BundledRequest(Envelope(f"tok-{token}", model, deadline), token, held_ns)
+            for token, _ in requests
         ]
         await self.nc.publish(
             self.subjects.infer(model, version),
@@ -263,9 +288,10 @@ async def test_concurrent_requests_become_micro_batches(harness: Harness) -> Non
         for e in mb.entries:
             assert e.request_id not in got, f"{e.request_id} is in two batches"
             got[e.request_id] = bytes(x.data[offset * row_bytes : (offset + e.rows) * row_bytes])
-            assert e.reply == f"{harness.inbox}.{e.request_id}"
+            assert e.reply == f"{harness.inbox}.b"
+            assert harness._rids[e.token] == e.request_id
             assert e.traceparent.startswith("00-")
-            # No Ib-Deadline: the model's default_timeout_ms (30 s) applies.
+            # No deadline in the envelope: the model's default_timeout_ms (30 s) applies.
             assert e.deadline_ns - e.enqueued_ns == 30_000 * 1_000_000
             offset += e.rows
         assert offset == mb.rows
@@ -330,6 +356,46 @@ async def test_unknown_model_and_bad_body(harness: Harness) -> None:
     assert r["garbage"].headers[h.STATUS] == "INVALID_ARGUMENT"
     assert r["wrongshape"].headers[h.STATUS] == "INVALID_ARGUMENT"
     assert all(m.headers[h.REQUEST_ID] == rid for rid, m in r.items())
+    assert await harness.stream_msgs() == 0
+
+
+async def test_the_old_single_request_form_is_refused_not_served(harness: Harness) -> None:
+    """Headers and a bare tensor frame (the form before bundles): INVALID_ARGUMENT to
+    the reply subject it names, nothing queued; a bundle for another model than its
+    subject names is refused too."""
+    await harness.deploy(config())
+    frame, _ = rows_payload(1)
+    async with harness.batcher():
+        await harness.nc.publish(
+            harness.subjects.infer(MODEL, VERSION),
+            frame,
+            headers={
+                h.REQUEST_ID: "old",
+                h.MODEL: MODEL,
+                h.VERSION: VERSION,
+                h.REPLY: f"{harness.inbox}.old",
+            },
+        )
+        await harness.nc.publish(
+            harness.subjects.infer(MODEL, VERSION),
+            encode_request_bundle(
+                "other",
+                VERSION,
+                f"{harness.inbox}.b",
+                [BundledRequest(Envelope("x", "other", 0), 5)],
+                [(frame,)],
+            ),
+        )
+        await harness.wait_replies(1)
+        async with asyncio.timeout(5):
+            while not harness.old_form:
+                harness._got.clear()
+                await harness._got.wait()
+    (msg,) = harness.old_form
+    assert msg.headers[h.STATUS] == "INVALID_ARGUMENT"
+    assert "request bundles (IBQ1) only" in msg.headers[h.ERROR]
+    assert msg.headers[h.REQUEST_ID] == "old"
+    assert [(r.token, r.status) for r in harness.bundle_replies] == [(5, "INVALID_ARGUMENT")]
     assert await harness.stream_msgs() == 0
 
 

@@ -88,7 +88,7 @@ async def endless(nats_client: Client) -> AsyncIterator[Endless]:
         await box[0].cancelled.put(rid)
 
     subs = [
-        await nats_client.subscribe(SUBJECTS.route_all, cb=on_request),
+        await nats_client.subscribe(SUBJECTS.gen_route_all, cb=on_request),
         await nats_client.subscribe(SUBJECTS.gen_cancel_all, cb=on_cancel),
     ]
     await nats_client.flush()

@@ -99,7 +99,7 @@ async def service(nats_client: Client) -> AsyncIterator[GenerationService]:
                 out[h.FINAL] = "1"
             await nats_client.publish(reply, chunk.encode(), headers=out)
 
-    sub = await nats_client.subscribe(SUBJECTS.route_all, cb=answer)
+    sub = await nats_client.subscribe(SUBJECTS.gen_route_all, cb=answer)
     dispatcher = GenerationDispatcher(nats_client, SUBJECTS, "gw-test")
     await dispatcher.start()
     try:

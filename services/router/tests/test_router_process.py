@@ -9,7 +9,13 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferbus_common.catalog import Route, ensure_kv
-from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.bundles import (
+    BundledRequest,
+    decode_reply_bundle,
+    decode_request_bundle,
+    encode_request_bundle,
+)
+from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_testing.records import ready_heartbeat
 
@@ -22,7 +28,13 @@ async def _put_route(js, route: Route) -> None:
     await kv.put(Subjects.model_key(route.model), route.model_dump_json().encode())
 
 
-async def test_forwards_on_headers_and_answers_unknown_models(
+def _bundle(model: str, rid: str, body: bytes = b"", *, pin: str = "", sticky: str = "") -> bytes:
+    """One request as a gateway sends it: a request bundle of one (token 1)."""
+    env = Envelope(rid, model, time.time_ns() + 60 * 10**9, pin, sticky_key=sticky)
+    return encode_request_bundle(model, "", "test.reply.b", [BundledRequest(env, 1)], [(body,)])
+
+
+async def test_forwards_bundles_and_answers_unknown_models(
     nats_server, nats_client, spawn_service
 ) -> None:
     await _put_route(
@@ -35,7 +47,7 @@ async def test_forwards_on_headers_and_answers_unknown_models(
     await router.await_ready()
     subjects = Subjects()
     forwarded = await nats_client.subscribe(f"{subjects.prefix}.infer.{subject_token('m.x')}.*")
-    replies = await nats_client.subscribe("test.reply.*")
+    replies = await nats_client.subscribe("test.reply.b")
     await nats_client.flush()
 
     body = b"opaque body the router never reads"
@@ -43,37 +55,25 @@ async def test_forwards_on_headers_and_answers_unknown_models(
     deadline = time.monotonic() + 10
     msg = None
     while msg is None and time.monotonic() < deadline:
-        await nats_client.publish(
-            subjects.route("m.x"),
-            body,
-            headers={h.MODEL: "m.x", h.REPLY: "test.reply.1", h.REQUEST_ID: "r1"},
-        )
+        await nats_client.publish(subjects.route("m.x"), _bundle("m.x", "r1", body))
         try:
             msg = await forwarded.next_msg(timeout=0.5)
         except TimeoutError:
             continue
     assert msg is not None, router.log_tail()
     assert msg.subject == subjects.infer("m.x", "1")
-    assert msg.data == body
-    assert msg.headers[h.VERSION] == "1" and msg.headers[h.REPLY] == "test.reply.1"
+    bundle = decode_request_bundle(msg.data)
+    assert bytes(bundle.requests[0].frame) == body
+    assert bundle.version == "1" and bundle.inbox == "test.reply.b"
 
-    await nats_client.publish(
-        subjects.route("m.x"),
-        body,
-        headers={h.MODEL: "m.x", h.VERSION: "canary", h.REPLY: "test.reply.2"},
-    )
+    await nats_client.publish(subjects.route("m.x"), _bundle("m.x", "r2", body, pin="canary"))
     msg = await forwarded.next_msg(timeout=5)
     assert msg.subject == subjects.infer("m.x", "2")
 
-    await nats_client.publish(
-        subjects.route("nope"),
-        body,
-        headers={h.MODEL: "nope", h.REPLY: "test.reply.3", h.REQUEST_ID: "r3"},
-    )
-    reply = await replies.next_msg(timeout=5)
-    assert reply.headers[h.STATUS] == "NOT_FOUND"
-    assert "nope" in reply.headers[h.ERROR]
-    assert reply.headers[h.REQUEST_ID] == "r3"
+    await nats_client.publish(subjects.route("nope"), _bundle("nope", "r3", body))
+    reply = decode_reply_bundle((await replies.next_msg(timeout=5)).data).replies[0]
+    assert reply.status == "NOT_FOUND"
+    assert "nope" in reply.error
 
 
 async def test_sigterm_exits_promptly_even_when_nats_is_gone(nats_server, spawn_service) -> None:
@@ -109,7 +109,9 @@ async def test_sticky_keys_agree_across_router_processes_and_a_restart(
     seen: dict[str, list[str]] = {}
 
     async def on_forward(msg) -> None:
-        seen.setdefault(msg.headers[h.REQUEST_ID], []).append(msg.headers[h.VERSION])
+        bundle = decode_request_bundle(msg.data)
+        for r in bundle.requests:
+            seen.setdefault(r.envelope.request_id, []).append(bundle.version)
 
     await nats_client.subscribe(
         f"{subjects.prefix}.infer.{subject_token('sticky.p')}.*", cb=on_forward
@@ -121,12 +123,7 @@ async def test_sticky_keys_agree_across_router_processes_and_a_restart(
             for k in range(keys):
                 await nats_client.publish(
                     subjects.route("sticky.p"),
-                    b"",
-                    headers={
-                        h.MODEL: "sticky.p",
-                        h.STICKY_KEY: f"user-{k}",
-                        h.REQUEST_ID: f"{tag}.{r}.{k}",
-                    },
+                    _bundle("sticky.p", f"{tag}.{r}.{k}", sticky=f"user-{k}"),
                 )
         await nats_client.flush()
         deadline = time.monotonic() + 20
@@ -147,9 +144,7 @@ async def test_sticky_keys_agree_across_router_processes_and_a_restart(
     deadline = time.monotonic() + 10
     while not any(rid.startswith("probe") for rid in seen):
         assert time.monotonic() < deadline, a.log_tail()
-        await nats_client.publish(
-            subjects.route("sticky.p"), b"", headers={h.MODEL: "sticky.p", h.REQUEST_ID: "probe"}
-        )
+        await nats_client.publish(subjects.route("sticky.p"), _bundle("sticky.p", "probe"))
         await asyncio.sleep(0.05)
     before = await send("before", 100, 3)
     # Both instances of the queue group took part.

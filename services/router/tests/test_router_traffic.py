@@ -13,6 +13,7 @@ import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import nats
 import numpy as np
@@ -32,8 +33,9 @@ from inferbus_common.protocol.bundles import (
     decode_request_bundle,
     encode_reply_bundle,
     encode_request_bundle,
-    is_request_bundle,
 )
+from inferbus_common.protocol.envelope import Envelope
+from inferbus_common.protocol.framing import FrameError
 from inferbus_common.protocol.tensors import decode_tensors, encode_tensors
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_router.health import HealthPolicy, HealthWeights
@@ -106,12 +108,44 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> No
         await asyncio.sleep(0.01)
 
 
+@dataclass
+class Seen:
+    """One request as the router forwarded it (in a bundle to a version's subject)."""
+
+    subject: str
+    version: str
+    inbox: str
+    request: BundledRequest
+
+
+_tokens = iter(range(1, 1 << 62))
+
+
+async def send_request(
+    nc: Client,
+    model: str,
+    request_id: str,
+    frame: bytes = b"",
+    *,
+    inbox: str = "test.reply.b",
+    tenant: str = "",
+    pin: str = "",
+    token: int = 0,
+) -> None:
+    """One request as a gateway sends it: a request bundle of one."""
+    env = Envelope(request_id, model, time.time_ns() + 60 * 10**9, pin, tenant=tenant)
+    request = BundledRequest(env, token or next(_tokens))
+    await nc.publish(
+        SUBJECTS.route(model), encode_request_bundle(model, "", inbox, [request], [(frame,)])
+    )
+
+
 class Forwarded:
     """Collects what the router forwarded for one model (a batcher's view)."""
 
     def __init__(self, model: str) -> None:
         self.model = model
-        self.by_request: dict[str, Msg] = {}
+        self.by_request: dict[str, Seen] = {}
         self.probes = 0
 
     async def subscribe(self, nc: Client) -> None:
@@ -119,11 +153,13 @@ class Forwarded:
         await nc.flush()
 
     async def _on(self, msg: Msg) -> None:
-        rid = msg.headers[h.REQUEST_ID]
-        if rid.startswith("probe-"):
-            self.probes += 1
-        else:
-            self.by_request[rid] = msg
+        bundle = decode_request_bundle(msg.data)
+        for r in bundle.requests:
+            rid = r.envelope.request_id
+            if rid.startswith("probe-"):
+                self.probes += 1
+            else:
+                self.by_request[rid] = Seen(msg.subject, bundle.version, bundle.inbox, r)
 
     async def probe(self, nc: Client) -> None:
         """Send pinned probes until one comes through (a fresh SUB can miss the first)."""
@@ -131,17 +167,13 @@ class Forwarded:
         deadline = time.monotonic() + 10
         while self.probes == 0:
             assert time.monotonic() < deadline, "router forwards nothing"
-            await nc.publish(
-                SUBJECTS.route(self.model),
-                b"",
-                headers={h.MODEL: self.model, h.REQUEST_ID: f"probe-{k}", h.VERSION: "stable"},
-            )
+            await send_request(nc, self.model, f"probe-{k}", pin="stable")
             k += 1
             await asyncio.sleep(0.02)
 
 
-def version_of(msg: Msg) -> str:
-    return msg.headers[h.VERSION]
+def version_of(seen: Seen) -> str:
+    return seen.version
 
 
 async def test_canary_share_over_10000_requests(nats_server, nats_client) -> None:
@@ -154,11 +186,7 @@ async def test_canary_share_over_10000_requests(nats_server, nats_client) -> Non
         await seen.probe(nats_client)
         n = 10_000
         for i in range(n):
-            await nats_client.publish(
-                SUBJECTS.route("split"),
-                b"x",
-                headers={h.MODEL: "split", h.REQUEST_ID: f"r{i}", h.REPLY: "test.reply"},
-            )
+            await send_request(nats_client, "split", f"r{i}", b"x")
             if i % 1000 == 999:
                 await nats_client.flush()
         await wait_until(lambda: len(seen.by_request) == n)
@@ -168,9 +196,9 @@ async def test_canary_share_over_10000_requests(nats_server, nats_client) -> Non
     assert set(versions) == {"1", "2"}
     assert abs(share - 0.10) <= 0.015
     # Forwarded unchanged apart from the decision.
-    msg = seen.by_request["r0"]
-    assert msg.data == b"x" and msg.headers[h.REPLY] == "test.reply"
-    assert msg.subject == SUBJECTS.infer("split", version_of(msg))
+    fwd = seen.by_request["r0"]
+    assert bytes(fwd.request.frame) == b"x" and fwd.inbox == "test.reply.b"
+    assert fwd.subject == SUBJECTS.infer("split", version_of(fwd))
 
 
 async def test_sticky_keys_agree_across_instances_and_a_restart(nats_server, nats_client) -> None:
@@ -190,18 +218,14 @@ async def test_sticky_keys_agree_across_instances_and_a_restart(nats_server, nat
     async def send(tag: str, rounds: int) -> None:
         for r in range(rounds):
             for k in keys:
-                await nats_client.publish(
-                    SUBJECTS.route("sticky"),
-                    b"",
-                    headers={h.MODEL: "sticky", h.TENANT: k, h.REQUEST_ID: f"{tag}-{r}-{k}"},
-                )
+                await send_request(nats_client, "sticky", f"{tag}-{r}-{k}", tenant=k)
         await nats_client.flush()
 
     def mapping(tag: str) -> dict[str, set[str]]:
         out: dict[str, set[str]] = defaultdict(set)
         for rid, msg in seen.by_request.items():
             if rid.startswith(f"{tag}-"):
-                out[msg.headers[h.TENANT]].add(version_of(msg))
+                out[msg.request.envelope.tenant].add(version_of(msg))
         return out
 
     async with running_router(nats_server.url, "r-a") as (router_a, cat_a, _):
@@ -227,8 +251,8 @@ async def test_sticky_keys_agree_across_instances_and_a_restart(nats_server, nat
     assert 0.2 < on_canary < 0.4
 
 
-def _probabilities(msg: Msg) -> np.ndarray:
-    x = decode_tensors(msg.data)[0].as_numpy()
+def _probabilities(frame: bytes) -> np.ndarray:
+    x = decode_tensors(frame)[0].as_numpy()
     return np.stack([x[:, 0], 1 - x[:, 0]], axis=1).astype(np.float32)
 
 
@@ -247,35 +271,47 @@ async def test_shadow_copies_are_compared_and_never_reach_the_client(
 
     async def worker(msg: Msg) -> None:
         """Plays batcher+worker: answers each copy, mirrors like the real worker."""
-        hdrs = msg.headers
-        rid = hdrs[h.REQUEST_ID]
-        version = version_of(msg)
-        if rid.startswith("probe-"):
-            return
-        probs = _probabilities(msg)
-        out = {h.REQUEST_ID: rid, h.VERSION: version}
-        if version == "2":
-            if shadow_mode["answer"] == "silent":
-                return
-            if shadow_mode["answer"] == "error":
-                await nats_client.publish(hdrs[h.REPLY], b"", headers={**out, h.STATUS: "INTERNAL"})
-                return
-            if int(rid[1:]) % 4 == 0:
-                probs = probs[:, ::-1].copy()
-        body = encode_tensors([tensor_from_numpy("probabilities", probs)])
-        await nats_client.publish(hdrs[h.REPLY], body, headers=out)
-        if h.MIRROR in hdrs:
-            await nats_client.publish(hdrs[h.MIRROR], body, headers=out)
+        bundle = decode_request_bundle(msg.data)
+        version = bundle.version
+        for r in bundle.requests:
+            rid = r.envelope.request_id
+            if rid.startswith("probe-"):
+                continue
+            probs = _probabilities(bytes(r.frame))
+            if version == "2":
+                if shadow_mode["answer"] == "silent":
+                    continue
+                if shadow_mode["answer"] == "error":
+                    reply = BundledReply(r.token, "INTERNAL", "shadow failed")
+                    await nats_client.publish(
+                        bundle.inbox, encode_reply_bundle(version, "", "", 1, [reply], [()])
+                    )
+                    continue
+                if int(rid[1:]) % 4 == 0:
+                    probs = probs[:, ::-1].copy()
+            body = encode_tensors([tensor_from_numpy("probabilities", probs)])
+            await nats_client.publish(
+                bundle.inbox,
+                encode_reply_bundle(version, "", "", 1, [BundledReply(r.token)], [(body,)]),
+            )
+            if r.mirror:
+                await nats_client.publish(
+                    r.mirror,
+                    encode_reply_bundle(
+                        version, "", "", 1, [BundledReply(r.mirror_token)], [(body,)]
+                    ),
+                )
 
-    client_replies: list[Msg] = []
+    client_replies: list[tuple[str, BundledReply]] = []
 
     async def on_client_reply(msg: Msg) -> None:
-        client_replies.append(msg)
+        bundle = decode_reply_bundle(msg.data)
+        client_replies.extend((bundle.version, r) for r in bundle.replies)
 
     seen = Forwarded(model)
     await seen.subscribe(nats_client)
     await nats_client.subscribe(f"{SUBJECTS.prefix}.infer.{subject_token(model)}.*", cb=worker)
-    await nats_client.subscribe("client.reply.>", cb=on_client_reply)
+    await nats_client.subscribe("client.reply.b", cb=on_client_reply)
     await nats_client.flush()
 
     async def send(start: int, n: int) -> None:
@@ -283,10 +319,8 @@ async def test_shadow_copies_are_compared_and_never_reach_the_client(
             body = encode_tensors(
                 [tensor_from_numpy("input", np.array([[0.9 if i % 2 else 0.1]], np.float32))]
             )
-            await nats_client.publish(
-                SUBJECTS.route(model),
-                body,
-                headers={h.MODEL: model, h.REQUEST_ID: f"r{i}", h.REPLY: f"client.reply.{i}"},
+            await send_request(
+                nats_client, model, f"r{i}", body, inbox="client.reply.b", token=i + 1
             )
         await nats_client.flush()
 
@@ -315,8 +349,8 @@ async def test_shadow_copies_are_compared_and_never_reach_the_client(
         assert (agree, disagree) == (len(sampled) - flipped, flipped)
         assert ratio == pytest.approx(1 - flipped / len(sampled))
         # Every client got exactly its primary's answer, never a shadow one.
-        assert all(version_of(m) == "1" for m in client_replies)
-        assert len({m.subject for m in client_replies}) == n
+        assert all(version == "1" for version, _ in client_replies)
+        assert len({r.token for _, r in client_replies}) == n
 
         # A failing shadow (errors, then silence) is counted and never felt.
         shadow_mode["answer"] = "error"
@@ -331,7 +365,7 @@ async def test_shadow_copies_are_compared_and_never_reach_the_client(
         await wait_until(lambda: comparer.pending == 0, timeout=10)
         timeouts = _sample("inferbus_shadow_requests_total", **labels, outcome="shadow_timeout")
         assert timeouts > 50
-        assert all(m.headers.get(h.STATUS) is None for m in client_replies)
+        assert all(r.status == "" for _, r in client_replies)
 
 
 def _audit(model: str, version: str, status: str, request_id: str) -> bytes:
@@ -370,9 +404,7 @@ async def test_unhealthy_canary_gets_less_traffic(nats_server, nats_client) -> N
         await seen.probe(nats_client)
         n = 2000
         for i in range(n):
-            await nats_client.publish(
-                SUBJECTS.route(model), b"", headers={h.MODEL: model, h.REQUEST_ID: f"r{i}"}
-            )
+            await send_request(nats_client, model, f"r{i}")
         await nats_client.flush()
         await wait_until(lambda: len(seen.by_request) == n)
     share = sum(version_of(m) == "2" for m in seen.by_request.values()) / n
@@ -435,7 +467,7 @@ async def test_generate_requests_go_to_the_gen_subject_by_the_same_rules(
         while not got:
             assert time.monotonic() < deadline
             await nats_client.publish(
-                SUBJECTS.route("llm"),
+                SUBJECTS.gen_route("llm"),
                 b"{}",
                 headers={h.MODEL: "llm", h.KIND: h.KIND_GENERATE, h.REQUEST_ID: "g"},
             )
@@ -443,7 +475,6 @@ async def test_generate_requests_go_to_the_gen_subject_by_the_same_rules(
         # Streams are never shadowed.
         assert comparer.pending == 0
     assert got[0].subject == SUBJECTS.gen("llm", "2")
-    assert h.MIRROR not in got[0].headers
     assert infer.pending_msgs == 0
 
 
@@ -463,7 +494,7 @@ async def test_generate_request_nobody_takes_is_answered_429_or_503(
 
     async def ask(rid: str) -> dict[str, str]:
         await nats_client.publish(
-            SUBJECTS.route("llm-full"),
+            SUBJECTS.gen_route("llm-full"),
             b"{}",
             headers={
                 h.MODEL: "llm-full",
@@ -522,10 +553,11 @@ async def test_a_bundle_is_split_by_version_with_its_shadow_copies(
     probes: list[Msg] = []
 
     async def on_forward(msg: Msg) -> None:
-        if is_request_bundle(msg.data):
-            forwarded.append((msg.subject, decode_request_bundle(msg.data)))
-        else:
+        bundle = decode_request_bundle(msg.data)
+        if bundle.requests[0].envelope.request_id.startswith("probe-"):
             probes.append(msg)
+        else:
+            forwarded.append((msg.subject, bundle))
 
     async def on_reply(msg: Msg) -> None:
         replies.extend(decode_reply_bundle(msg.data).replies)
@@ -536,12 +568,13 @@ async def test_a_bundle_is_split_by_version_with_its_shadow_copies(
     await nats_client.flush()
     x = encode_tensors([tensor_from_numpy("input", np.ones((1, 2), np.float32))])
     tenants = [f"t{i}" for i in range(8)]
+    deadline = time.time_ns() + 10**10
     requests = [
-        BundledRequest(i + 1, f"r{i}", time.time_ns() + 10**10, tenant=t)
+        BundledRequest(Envelope(f"r{i}", "bun", deadline, tenant=t), i + 1)
         for i, t in enumerate(tenants)
     ]
-    requests.append(BundledRequest(50, "pinned", time.time_ns() + 10**10, pin="1"))
-    requests.append(BundledRequest(51, "unknown", time.time_ns() + 10**10, pin="9"))
+    requests.append(BundledRequest(Envelope("pinned", "bun", deadline, "1"), 50))
+    requests.append(BundledRequest(Envelope("unknown", "bun", deadline, "9"), 51))
     async with running_router(nats_server.url, "r-bundle") as (_, catalog, comparer):
         await wait_route(catalog, route)
         await _probe_until(nats_client, "bun", lambda: bool(probes))
@@ -555,14 +588,12 @@ async def test_a_bundle_is_split_by_version_with_its_shadow_copies(
         # Sticky by tenant: the same split any router computes for these keys.
         want = {"1": [50], "2": []}
         for r in requests[:8]:
-            hit = sticky_bucket("bun", r.tenant) < 50.0 * (STICKY_BUCKETS / 100)
+            hit = sticky_bucket("bun", r.envelope.tenant) < 50.0 * (STICKY_BUCKETS / 100)
             want["2" if hit else "1"].append(r.token)
         assert {v: sorted(r.token for r in b.requests) for v, b in primaries.items()} == {
             v: sorted(t) for v, t in want.items() if t
         }
-        assert all(
-            bytes(r.frame) == x and r.pin == "" for b in primaries.values() for r in b.requests
-        )
+        assert all(bytes(r.frame) == x for b in primaries.values() for r in b.requests)
         # Every primary has a shadow copy in one bundle to version 3, paired by token.
         (copy,) = shadow
         assert copy.version == "3" and copy.inbox == f"{comparer.inbox}.sb"
@@ -620,10 +651,12 @@ async def test_a_bundle_nobody_takes_is_answered_unavailable_at_once(
     await nats_client.subscribe("gwlonely.*", cb=on_reply)
     await nats_client.flush()
     x = encode_tensors([tensor_from_numpy("input", np.ones((1, 2), np.float32))])
-    requests = [BundledRequest(t, f"r{t}", time.time_ns() + 10**10) for t in (3, 4, 5)]
+    requests = [
+        BundledRequest(Envelope(f"r{t}", "lonely", time.time_ns() + 10**10), t) for t in (3, 4, 5)
+    ]
     async with running_router(nats_server.url, "r-lonely") as (_, catalog, _):
         await wait_route(catalog, route)
-        # A single request answered UNAVAILABLE (no batcher) shows the router takes requests.
+        # A probe answered UNAVAILABLE (no batcher) shows the router takes requests.
         await _probe_until(nats_client, "lonely", lambda: bool(probed), reply="gwlonely.probe")
         t0 = time.monotonic()
         await nats_client.publish(
@@ -643,21 +676,41 @@ async def test_a_bundle_nobody_takes_is_answered_unavailable_at_once(
 async def _probe_until(
     nc: Client, model: str, arrived: Callable[[], bool], *, reply: str = "test.reply"
 ) -> None:
-    """Send pinned single requests until `arrived()`: a fresh router subscription
-    can miss the first message published right after it (see `Forwarded.probe`)."""
+    """Send pinned probes (bundles of one) until `arrived()`: a fresh router
+    subscription can miss the first message published right after it (see
+    `Forwarded.probe`)."""
     deadline = time.monotonic() + 10
     k = 0
     while not arrived():
         assert time.monotonic() < deadline, "router takes no requests"
-        await nc.publish(
-            SUBJECTS.route(model),
-            b"",
-            headers={
-                h.MODEL: model,
-                h.REQUEST_ID: f"probe-{k}",
-                h.VERSION: "stable",
-                h.REPLY: reply,
-            },
-        )
+        await send_request(nc, model, f"probe-{k}", pin="stable", inbox=reply)
         k += 1
         await asyncio.sleep(0.02)
+
+
+async def test_the_old_single_request_form_is_refused(nats_server, nats_client) -> None:
+    """A tensor request as headers and a bare frame (the form before bundles) gets
+    INVALID_ARGUMENT on its reply subject and is never forwarded."""
+    route = Route(model="oldform", stable="1", versions=["1"])
+    await put_route(nats_client.jetstream(), route)
+    seen = Forwarded("oldform")
+    await seen.subscribe(nats_client)
+    answers: asyncio.Queue[Msg] = asyncio.Queue()
+    await nats_client.subscribe("old.reply", cb=answers.put)
+    await nats_client.flush()
+    frame = encode_tensors([tensor_from_numpy("input", np.ones((1, 2), np.float32))])
+    async with running_router(nats_server.url, "r-old") as (_, catalog, _):
+        await wait_route(catalog, route)
+        await seen.probe(nats_client)
+        await nats_client.publish(
+            SUBJECTS.route("oldform"),
+            frame,
+            headers={h.MODEL: "oldform", h.REQUEST_ID: "old-1", h.REPLY: "old.reply"},
+        )
+        msg = await asyncio.wait_for(answers.get(), 10)
+    assert msg.headers[h.STATUS] == "INVALID_ARGUMENT"
+    assert "request bundles (IBQ1)" in msg.headers[h.ERROR]
+    assert msg.headers[h.REQUEST_ID] == "old-1"
+    assert seen.by_request == {}
+    with pytest.raises(FrameError):
+        decode_request_bundle(frame)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,7 @@ from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.errors import InvalidArgument, StatusCode
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.bundles import ReplyBundle, decode_reply_bundle
 from inferbus_common.protocol.microbatch import (
     BatchEntry,
     MicroBatch,
@@ -20,10 +23,9 @@ from inferbus_common.validation import RequestChecker
 from inferbus_worker.microbatch import (
     BatchReplies,
     LiveRequest,
+    Outbox,
     ReplyContext,
-    error_reply,
     gather_inputs,
-    ok_reply,
     split_expired,
 )
 
@@ -33,7 +35,7 @@ NOW = 1_000_000_000_000
 def _batch(rows: list[int], deadlines: list[int]) -> tuple[MicroBatch, np.ndarray]:
     x = np.arange(sum(rows) * 64, dtype=np.float32).reshape(sum(rows), 64)
     entries = [
-        BatchEntry(f"r{i}", f"reply.{i}", d, NOW - 1000, n)
+        BatchEntry(f"r{i}", f"reply.{i}", d, NOW - 1000, n, token=i + 1)
         for i, (n, d) in enumerate(zip(rows, deadlines, strict=True))
     ]
     # Round-trip through the wire format so the tensors are zero-copy views, as in the worker.
@@ -91,50 +93,72 @@ def test_wrong_tensor_is_invalid(fraud_config: ModelConfig, checked: bool) -> No
         gather_inputs(fraud_config, batch, [0], checker)
 
 
-def test_ok_reply_has_rows_and_headers(fraud_config: ModelConfig) -> None:
+def _frame(parts: list) -> bytes:
+    return b"".join(bytes(p) for p in parts)
+
+
+async def test_an_outbox_answers_in_one_reply_bundle_per_inbox(
+    fraud_config: ModelConfig, nats_client
+) -> None:
     batch, _ = _batch([2, 3], [0, 0])
     _, requests = gather_inputs(fraud_config, batch, [0, 1])
     probs = np.arange(10, dtype=np.float32).reshape(5, 2)
-    ctx = ReplyContext("1", "sha256:abc")
-    headers, body = ok_reply(
-        ctx,
-        requests[1],
-        {"probabilities": probs},
-        batched=True,
-        queue_ms=1.5,
-        compute_ms=0.25,
-        batch_rows=5,
-    )
-    assert headers[h.REQUEST_ID] == "r1"
-    assert headers[h.VERSION] == "1"
-    assert headers[h.DIGEST] == "sha256:abc"
-    assert headers[h.BATCH_SIZE] == "5"
-    assert h.parse_timings(headers[h.TIMINGS]) == {"queue": 1.5, "compute": 0.25}
-    (tensor,) = decode_tensors(body)
+    replies = BatchReplies({"probabilities": probs}, batched=True, compute_ms=0.25)
+    outbox = Outbox(ReplyContext("1", "sha256:abc"), replies.shared_timings, 5)
+    first, second = (r.entry for r in requests)
+    second.mirror, second.mirror_token = "shadow.pb", 77
+    outbox.ok(first, 1.5, replies.frame_parts(requests[0]))
+    outbox.ok(second, 2.5, replies.frame_parts(requests[1]))
+    outbox.error(BatchEntry("c", "gw.b", 0, 0, 1, token=9), StatusCode.INTERNAL, "bad\n index")
+    assert outbox.counts == {"OK": 2, "INTERNAL": 1} and len(outbox) == 3
+    sent: dict[str, list[ReplyBundle]] = {}
+    four = asyncio.Event()
+
+    async def on_msg(msg) -> None:
+        sent.setdefault(msg.subject, []).append(decode_reply_bundle(msg.data))
+        if sum(map(len, sent.values())) >= 4:
+            four.set()
+
+    sub = await nats_client.subscribe("*.*", cb=on_msg)
+    await nats_client.flush()
+    await outbox.send(nats_client)
+    await nats_client.flush()
+    await asyncio.wait_for(four.wait(), 10)
+    await sub.unsubscribe()
+    # One reply bundle per inbox.
+    assert {k: len(v) for k, v in sent.items()} == {
+        "gw.b": 1,
+        "reply.0": 1,
+        "reply.1": 1,
+        "shadow.pb": 1,
+    }
+    one = sent["reply.1"][0]
+    assert (one.version, one.digest, one.batch_rows) == ("1", "sha256:abc", 5)
+    assert h.parse_timings(one.timings) == {"compute": 0.25}
+    (reply,) = one.replies
+    assert (reply.token, reply.status, reply.queue_ms) == (second.token, "", 2.5)
+    (tensor,) = decode_tensors(bytes(reply.frame))
     np.testing.assert_array_equal(tensor.as_numpy(), probs[2:5])
+    # The mirror copy is the same answer under the mirror's token.
+    (mirrored,) = sent["shadow.pb"][0].replies
+    assert mirrored.token == 77 and bytes(mirrored.frame) == bytes(reply.frame)
+    (failed,) = sent["gw.b"][0].replies
+    assert (failed.token, failed.status, failed.error) == (9, "INTERNAL", "bad index")
 
 
 def test_unknown_output_is_invalid(fraud_config: ModelConfig) -> None:
     x = np.zeros((1, 64), np.float32)
-    batch = decode_batch(
-        encode_joined_batch(
-            [BatchEntry("a", "r", 0, 0, 1, ("nope",))], [[tensor_from_numpy("input", x)]]
-        )
-    )
+    entry = BatchEntry("a", "r", 0, 0, 1, ("nope",), token=1)
+    batch = decode_batch(encode_joined_batch([entry], [[tensor_from_numpy("input", x)]]))
     _, requests = gather_inputs(fraud_config, batch, [0])
-    with pytest.raises(InvalidArgument, match="nope"):
-        ok_reply(
-            ReplyContext("1", ""),
-            requests[0],
-            {"probabilities": np.zeros((1, 2), np.float32)},
-            batched=True,
-            queue_ms=0,
-            compute_ms=0,
-            batch_rows=1,
-        )
+    replies = BatchReplies(
+        {"probabilities": np.zeros((1, 2), np.float32)}, batched=True, compute_ms=0
+    )
+    with pytest.raises(InvalidArgument, match=r"unknown output\(s\) \['nope'\]"):
+        replies.frame_parts(requests[0])
 
 
-def test_batch_replies_share_the_batch_and_time_each_request(fraud_config: ModelConfig) -> None:
+def test_batch_replies_slice_each_request_and_share_timings(fraud_config: ModelConfig) -> None:
     batch, _ = _batch([1, 2, 1], [0, 0, 0])
     _, requests = gather_inputs(fraud_config, batch, [0, 1, 2])
     outputs = {
@@ -142,46 +166,20 @@ def test_batch_replies_share_the_batch_and_time_each_request(fraud_config: Model
         "label": np.arange(4, dtype=np.int64),
     }
     requests[2].entry.outputs = ("label",)
-    requests[1].entry.traceparent = "00-abc-def-01"
-    ctx = ReplyContext("1", "sha256:abc")
     stages = {"pre": 0.0125, "post": 2.0}
-    replies = BatchReplies(
-        ctx, outputs, batched=True, compute_ms=0.25, batch_rows=4, stages_ms=stages
-    )
-    for i, r in enumerate(requests):
-        headers, body = replies.ok(r, 0.5 + i)
-        assert h.parse_timings(headers[h.TIMINGS]) == {
-            "queue": 0.5 + i,
-            "compute": 0.25,
-            "pre": 0.013,
-            "post": 2.0,
-        }
-        assert headers[h.TIMINGS] == h.format_timings({"queue": 0.5 + i, "compute": 0.25, **stages})
-        assert headers[h.BATCH_SIZE] == "4"
-        assert headers.get(h.TRACEPARENT) == ("00-abc-def-01" if i == 1 else None)
-        tensors = {t.name: t.as_numpy() for t in decode_tensors(body)}
+    replies = BatchReplies(outputs, batched=True, compute_ms=0.25, stages_ms=stages)
+    assert replies.shared_timings == h.format_timings({"compute": 0.25, **stages})
+    for r in requests:
+        tensors = {t.name: t.as_numpy() for t in decode_tensors(_frame(replies.frame_parts(r)))}
         wanted = r.entry.outputs or tuple(outputs)
         assert list(tensors) == list(wanted)
         for name in wanted:
             np.testing.assert_array_equal(tensors[name], outputs[name][r.start : r.stop])
-    with pytest.raises(InvalidArgument, match=r"unknown output\(s\) \['nope'\]"):
-        replies.ok(LiveRequest(BatchEntry("x", "r", 0, 0, 1, ("label", "nope")), 0), 0.0)
 
 
 def test_unbatched_replies_hold_whole_outputs() -> None:
-    entry = BatchEntry("a", "r", 0, 0, 1)
+    entry = BatchEntry("a", "r", 0, 0, 1, token=1)
     out = {"y": np.arange(6, dtype=np.float32).reshape(2, 3)}
-    replies = BatchReplies(ReplyContext("1", ""), out, batched=False, compute_ms=1, batch_rows=1)
-    (t,) = decode_tensors(replies.ok(LiveRequest(entry, 0), 0.0)[1])
+    replies = BatchReplies(out, batched=False, compute_ms=1)
+    (t,) = decode_tensors(_frame(replies.frame_parts(LiveRequest(entry, 0))))
     np.testing.assert_array_equal(t.as_numpy(), out["y"])
-
-
-def test_error_reply_flattens_the_message() -> None:
-    entry = BatchEntry("a", "r", 0, 0, 1, (), "00-abc-def-01")
-    headers, body = error_reply(
-        ReplyContext("1", "d"), entry, StatusCode.INVALID_ARGUMENT, "bad\n index: 1\r\n"
-    )
-    assert body == b""
-    assert headers[h.STATUS] == "INVALID_ARGUMENT"
-    assert headers[h.ERROR] == "bad index: 1"
-    assert headers[h.TRACEPARENT] == "00-abc-def-01"

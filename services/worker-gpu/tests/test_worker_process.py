@@ -19,6 +19,7 @@ from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.protocol import headers as h
 from inferbus_common.protocol.microbatch import BatchEntry, encode_joined_batch
 from inferbus_common.subjects import Subjects
+from inferbus_testing.answers import Answer, answers_of
 from inferbus_testing.processes import ServiceProcess
 from inferbus_worker.artifacts import ArtifactCache
 
@@ -75,7 +76,7 @@ async def test_sigterm_drains_in_flight_batches(
         "INFERBUS_WORKER_FETCH_TIMEOUT_S": "0.2",
         "INFERBUS_WORKER_LOG_LEVEL": "WARNING",
     }
-    replies: list[Msg] = []
+    replies: list[Answer] = []
     service = ServiceProcess("inferbus_worker", env=env, log_dir=tmp_path)
     try:
         await service.astart()
@@ -95,7 +96,7 @@ async def test_sigterm_drains_in_flight_batches(
         assert r.status_code == 200 and "fraud/1: ready" in r.json()["reason"]
 
         async def on_reply(msg: Msg) -> None:
-            replies.append(msg)
+            replies.extend(answers_of(msg))
 
         await nc.subscribe("procrep.*", cb=on_reply)
         x = np.ones((2, 64), np.float32)

@@ -39,6 +39,7 @@ from inferbus_common.protocol import headers as h
 from inferbus_common.protocol.microbatch import BatchEntry, encode_joined_batch
 from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
+from inferbus_testing.answers import Answer, answers_of
 from inferbus_worker.engines import OnnxRuntimeEngine
 from inferbus_worker.processing import Processing, ProcessingError, build_processing, softmax, topk
 from inferbus_worker.runner import ModelRunner
@@ -398,10 +399,10 @@ async def test_runner_runs_pre_and_post_and_fails_bad_rows_alone(
         nc, js, subjects, settings, dv, engine, processing=build_processing(config, tmp_path)
     )
     await runner.start()
-    replies: dict[str, Msg] = {}
+    replies: dict[str, Answer] = {}
 
     async def on_reply(msg: Msg) -> None:
-        replies[msg.subject.rsplit(".", 1)[1]] = msg
+        replies[msg.subject.rsplit(".", 1)[1]] = answers_of(msg)[0]
 
     await nc.subscribe(f"rp.{subjects.prefix}.*", cb=on_reply)
     try:

@@ -26,10 +26,10 @@ from inferbus_common.catalog import DeployedVersion
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.modelconfig import EngineConfig
 from inferbus_common.protocol import headers as h
-from inferbus_common.protocol.bundles import decode_reply_bundle
 from inferbus_common.protocol.microbatch import BatchEntry, encode_joined_batch
 from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
+from inferbus_testing.answers import Answer, answers_of
 from inferbus_worker.engines import EngineError, OnnxRuntimeEngine, TensorRTEngine
 from inferbus_worker.runner import InlineRuns, ModelRunner, runs_on_gpu
 from inferbus_worker.settings import WorkerSettings
@@ -92,7 +92,7 @@ async def nc(nats_url: str) -> AsyncIterator[Client]:
 
 async def start_runner(
     nc: Client, engine: OnnxRuntimeEngine, dv: DeployedVersion, **settings: object
-) -> tuple[ModelRunner, Subjects, list[Msg]]:
+) -> tuple[ModelRunner, Subjects, list[Answer]]:
     subjects = Subjects(f"tr{next(_prefixes)}")
     js = nc.jetstream()
     await ensure_batch_stream(js, subjects)
@@ -106,17 +106,19 @@ async def start_runner(
     engine.load()
     runner = ModelRunner(nc, js, subjects, ws, dv, engine)
     await runner.start()
-    replies: list[Msg] = []
+    replies: list[Answer] = []
 
     async def on_reply(msg: Msg) -> None:
-        replies.append(msg)
+        replies.extend(answers_of(msg))
 
     await nc.subscribe(f"rr.{subjects.prefix}.*", cb=on_reply)
     return runner, subjects, replies
 
 
 async def publish(nc: Client, subjects: Subjects, rid: str) -> None:
-    entry = BatchEntry(rid, f"rr.{subjects.prefix}.{rid}", h.deadline_from_timeout(30), 0, 1)
+    entry = BatchEntry(
+        rid, f"rr.{subjects.prefix}.{rid}", h.deadline_from_timeout(30), 0, 1, token=1
+    )
     data = encode_joined_batch(
         [entry], [[tensor_from_numpy("input", np.ones((1, 64), np.float32))]]
     )
@@ -238,6 +240,31 @@ async def test_waiting_batches_are_merged_into_one_execution(
         await runner.stop()
 
 
+async def test_the_merge_honours_preferred_batch_sizes(
+    nc: Client, fraud_dir: Path, fraud_deployed: DeployedVersion
+) -> None:
+    """The worker merges waiting batches by the batcher's rule (`BatchRule`): with
+    ``preferred_batch_sizes: [4]`` six waiting one-row batches run as 4 + 2."""
+    batching = fraud_deployed.config.batching.model_copy(update={"preferred_batch_sizes": [4]})
+    config = fraud_deployed.config.model_copy(update={"batching": batching})
+    dv = fraud_deployed.model_copy(update={"config": config})
+    engine = GatedEngine(fraud_dir / "model.onnx")
+    runner, subjects, replies = await start_runner(nc, engine, dv)
+    try:
+        await publish(nc, subjects, "first")
+        await wait_until(lambda: engine.running == 1)
+        for i in range(6):
+            await publish(nc, subjects, f"q{i}")
+        engine.gate.set()
+        await wait_until(lambda: len(replies) == 7)
+        sizes = sorted(int(m.headers[h.BATCH_SIZE]) for m in replies)
+        assert sizes == [1, 2, 2, 4, 4, 4, 4]
+        await idle_info(nc, subjects, runner.consumer)
+    finally:
+        engine.gate.set()
+        await runner.stop()
+
+
 def test_inline_runs_need_a_short_measured_class() -> None:
     decide = InlineRuns(300e-6)
     # Nothing measured yet: the thread pool, whose run measures the class.
@@ -319,42 +346,31 @@ async def test_bundled_requests_get_one_reply_bundle_per_inbox(
         BatchEntry(
             "b1", f"{base}.gwB", deadline, 0, 1, token=5, mirror=f"{base}.shadowp", mirror_token=900
         ),
-        BatchEntry("solo", f"{base}.solo", deadline, 0, 1),
         BatchEntry("a2", f"{base}.gwA", deadline, 0, 1, ("nope",), token=12),
         BatchEntry("late", f"{base}.gwB", 1, 0, 1, token=6),
     ]
-    x = np.random.default_rng(3).random((6, 64), dtype=np.float32)
+    x = np.random.default_rng(3).random((5, 64), dtype=np.float32)
     data = encode_joined_batch(entries, [[tensor_from_numpy("input", x)]])
     try:
         await nc.jetstream().publish(subjects.batch("default", "fraud", "1"), data)
-        # Expired answers go at once; then gwA, gwB, the mirror and the single reply.
+        # Expired answers go at once; then gwA, gwB and the mirror.
         await wait_until(lambda: len(replies) == 5)
-        by_subject: dict[str, list[Msg]] = {}
-        for m in replies:
-            by_subject.setdefault(m.subject, []).append(m)
-        assert sorted(by_subject) == sorted(
-            f"{base}.{s}" for s in ("gwA", "gwB", "shadowp", "solo")
-        )
-        solo = by_subject[f"{base}.solo"][0]
-        assert h.STATUS not in solo.headers and solo.headers[h.VERSION] == "1"
+        got = {(a.subject.rsplit(".", 1)[-1], a.token): a for a in replies}
+        assert sorted(got) == [("gwA", 11), ("gwA", 12), ("gwB", 5), ("gwB", 6), ("shadowp", 900)]
         want = engine.run({"input": x}, ["probabilities"])["probabilities"]
-        (gwa,) = (decode_reply_bundle(m.data) for m in by_subject[f"{base}.gwA"])
-        assert (gwa.version, gwa.batch_rows) == ("1", 5)
-        assert gwa.timings.startswith("compute=")
-        ok, bad = gwa.replies
-        assert (ok.token, ok.status) == (11, "")
-        got = decode_tensors(ok.frame)[0].as_numpy()
-        np.testing.assert_allclose(got, want[0:2], rtol=1e-5, atol=1e-6)
-        assert (bad.token, bad.status) == (12, "INVALID_ARGUMENT") and "nope" in bad.error
-        gwb = [decode_reply_bundle(m.data) for m in by_subject[f"{base}.gwB"]]
-        answered = {r.token: r for b in gwb for r in b.replies}
-        assert answered[6].status == "DEADLINE_EXCEEDED"
+        ok, bad = got["gwA", 11], got["gwA", 12]
+        assert ok.headers[h.VERSION] == "1" and ok.headers[h.BATCH_SIZE] == "4"
+        assert h.STATUS not in ok.headers
         np.testing.assert_allclose(
-            decode_tensors(answered[5].frame)[0].as_numpy(), want[2:3], rtol=1e-5, atol=1e-6
+            decode_tensors(ok.data)[0].as_numpy(), want[0:2], rtol=1e-5, atol=1e-6
         )
-        (mirror,) = (decode_reply_bundle(m.data) for m in by_subject[f"{base}.shadowp"])
-        assert [r.token for r in mirror.replies] == [900]
-        assert bytes(mirror.replies[0].frame) == bytes(answered[5].frame)
+        assert bad.headers[h.STATUS] == "INVALID_ARGUMENT" and "nope" in bad.headers[h.ERROR]
+        assert got["gwB", 6].headers[h.STATUS] == "DEADLINE_EXCEEDED"
+        np.testing.assert_allclose(
+            decode_tensors(got["gwB", 5].data)[0].as_numpy(), want[2:3], rtol=1e-5, atol=1e-6
+        )
+        # The mirror copy is the same answer, under the mirror's token.
+        assert got["shadowp", 900].data == got["gwB", 5].data
         await idle_info(nc, subjects, runner.consumer)
     finally:
         await runner.stop()

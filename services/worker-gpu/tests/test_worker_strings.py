@@ -27,6 +27,7 @@ from inferbus_common.protocol import headers as h
 from inferbus_common.protocol.microbatch import BatchEntry, encode_joined_batch
 from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
+from inferbus_testing.answers import Answer, answers_of
 from inferbus_testing.stringmodels import write_identity_bytes, write_parse_int
 from inferbus_worker.engines import (
     EngineError,
@@ -257,11 +258,11 @@ async def test_runner_answers_a_bad_string_at_once_and_its_neighbours_ok(
     )
     engine.load()
     runner = ModelRunner(nc, js, subjects, ws, dv, engine)
-    replies: dict[str, Msg] = {}
+    replies: dict[str, Answer] = {}
     done = asyncio.Event()
 
     async def on_reply(msg: Msg) -> None:
-        replies[msg.subject.rsplit(".", 1)[1]] = msg
+        replies[msg.subject.rsplit(".", 1)[1]] = answers_of(msg)[0]
         if len(replies) == 4:
             done.set()
 

@@ -107,6 +107,7 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
     if role == "gateway":
         pub += [
             f"{p}.route.>",
+            f"{p}.genroute.>",
             # Direct dispatch: requests on plain routes go straight to the batchers.
             f"{p}.infer.>",
             f"{p}.audit.>",
@@ -121,7 +122,7 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
         sub += [replies]
     elif role == "router":
         pub += [f"{p}.infer.>", f"{p}.gen.>", replies]
-        sub += [f"{p}.route.>", f"{p}.audit.>", f"{p}.reply.>"]
+        sub += [f"{p}.route.>", f"{p}.genroute.>", f"{p}.audit.>", f"{p}.reply.>"]
     elif role == "batcher":
         # The batcher applies its stream bounds (and replicas) to an existing stream.
         pub += [f"{p}.batch.>", replies, *batch_stream_api, f"$JS.API.STREAM.UPDATE.{batches}"]

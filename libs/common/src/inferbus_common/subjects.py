@@ -66,6 +66,17 @@ class Subjects:
         """Wildcard the router subscribes to."""
         return f"{self.prefix}.route.*"
 
+    def gen_route(self, model: str) -> str:
+        """Gateway → router for generative requests, one subject per model (router
+        queue group): its own subject, so that each subject has one request framing
+        (request bundles on `route`, headers and a JSON body here)."""
+        return f"{self.prefix}.genroute.{subject_token(model)}"
+
+    @property
+    def gen_route_all(self) -> str:
+        """Wildcard the router subscribes to for generative requests."""
+        return f"{self.prefix}.genroute.*"
+
     def infer(self, model: str, version: str) -> str:
         """Router → batcher, one subject per model version (batcher queue group)."""
         return f"{self.prefix}.infer.{subject_token(model)}.{subject_token(version)}"

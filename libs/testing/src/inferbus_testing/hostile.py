@@ -393,8 +393,10 @@ def nats_garbage(draw: st.DrawFn, subjects: list[str]) -> tuple[str, dict[str, s
     if body_kind == 0:
         body = draw(st.binary(max_size=300))
     elif body_kind == 1:
-        # Looks like our frames (IBT1 tensors, IBB1 micro-batches) but is not.
-        body = draw(st.sampled_from([b"IBT1", b"IBB1"])) + draw(st.binary(max_size=200))
+        # Looks like our frames (IBT1 tensors, IBQ1/IBR1 request and reply bundles,
+        # IBB3 micro-batches; IBB1 is the retired micro-batch magic) but is not.
+        magic = draw(st.sampled_from([b"IBT1", b"IBQ1", b"IBR1", b"IBB3", b"IBB1"]))
+        body = magic + draw(st.binary(max_size=200))
     elif body_kind == 2:
         body = json.dumps(draw(json_values)).encode()
     else:

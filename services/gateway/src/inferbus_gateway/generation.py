@@ -532,7 +532,7 @@ class GenerationService:
                 out[h.TRACEPARENT] = traceparent
             try:
                 await self.dispatcher.publish(
-                    self.dispatcher.subjects.route(model), request.encode(), out
+                    self.dispatcher.subjects.gen_route(model), request.encode(), out
                 )
             except BaseException:
                 self.dispatcher.close(reply)

@@ -1,14 +1,14 @@
 """The router component: subscribe to `ib.route.*`, forward to `ib.infer.<model>.<version>`.
 
-Two kinds of request arrive on ``ib.route.<model>``, each in its one framing:
+Two kinds of request arrive, each on its own subject in its one framing:
 
-* tensor requests, always in request bundles (a lone request is a bundle of
-  one): per request, decide the version (`routing.decide`: pinned → sticky →
+* tensor requests on ``ib.route.<model>``, always in request bundles (a lone
+  request is a bundle of one): per request, decide the version (`routing.decide`: pinned → sticky →
   weighted, with the canary weight scaled by `health.HealthWeights`); the
   bundle is split by decided version into one bundle per version on
   ``ib.infer.…`` (frames passed through untouched), a sampled share's shadow
   copies into one bundle to the shadow version (`shadow.ShadowComparer`);
-* generative requests (``Ib-Kind: generate`` header, OpenAI JSON body),
+* generative requests on ``ib.genroute.<model>`` (headers, OpenAI JSON body),
   forwarded whole to ``ib.gen.…`` of the decided version.
 
 Anything else (a tensor request in the headers-and-frame form of old
@@ -124,6 +124,7 @@ class Router:
         self._health_interval = health_interval_s
         self._draw = draw
         self._sub: Subscription | None = None
+        self._gen_sub: Subscription | None = None
         self._audit_sub: Subscription | None = None
         # Where nats-server's "no responders" comes back when nobody is subscribed
         # to a version's subject. For generative requests:
@@ -170,6 +171,13 @@ class Router:
             pending_msgs_limit=1_000_000,
             pending_bytes_limit=1 << 30,
         )
+        self._gen_sub = await self._nc.subscribe(
+            self._subjects.gen_route_all,
+            queue=self._queue_group,
+            cb=self._on_generate_observed,
+            pending_msgs_limit=100_000,
+            pending_bytes_limit=256 << 20,
+        )
         # A round trip: nats-server has every subscription above when start()
         # returns (readiness, and audit records sent right after are not missed).
         await self._nc.flush()
@@ -177,9 +185,10 @@ class Router:
     async def drain(self) -> None:
         """Stop taking requests, finish forwarding those already received, stop
         the side loops."""
-        if self._sub is not None:
-            await self._sub.drain()
-            self._sub = None
+        for sub in (self._sub, self._gen_sub):
+            if sub is not None:
+                await sub.drain()
+        self._sub = self._gen_sub = None
         if self._audit_sub is not None:
             with contextlib.suppress(Exception):
                 await self._audit_sub.unsubscribe()
@@ -208,12 +217,16 @@ class Router:
         finally:
             ROUTE_SECONDS.observe(time.perf_counter() - t0)
 
+    async def _on_generate_observed(self, msg: Msg) -> None:
+        """`_on_generate`, timed."""
+        t0 = time.perf_counter()
+        try:
+            await self._on_generate(msg, msg.headers if msg.headers is not None else {})
+        finally:
+            ROUTE_SECONDS.observe(time.perf_counter() - t0)
+
     async def _on_request(self, msg: Msg) -> None:
-        """Route a request bundle or a generative request; refuse anything else."""
-        headers = msg.headers
-        if headers and headers.get(h.KIND) == h.KIND_GENERATE:
-            await self._on_generate(msg, headers)
-            return
+        """Route a request bundle; refuse anything else."""
         try:
             bundle = decode_request_bundle(msg.data)
         except FrameError as exc:
@@ -238,10 +251,13 @@ class Router:
         await self._on_bundle(bundle)
 
     async def _refuse_unframed(self, msg: Msg, exc: FrameError) -> None:
-        """A message on a route subject that is neither a request bundle nor a
-        generative request: answer INVALID_ARGUMENT where it asks to be answered
-        (nothing is computed for it), else count it and drop it."""
-        model = name_from_token(msg.subject.rsplit(".", 1)[-1])
+        """A message on a route subject that is not a request bundle: answer
+        INVALID_ARGUMENT where it asks to be answered (nothing is computed for
+        it), else count it and drop it."""
+        try:
+            model = name_from_token(msg.subject.rsplit(".", 1)[-1])
+        except (ValueError, UnicodeDecodeError):
+            model = "-"
         ROUTED.labels(model, "", StatusCode.INVALID_ARGUMENT.name).inc()
         reply = (msg.headers or {}).get(h.REPLY) or msg.reply or ""
         if not reply:
@@ -251,9 +267,9 @@ class Router:
             self._nc,
             reply,
             InvalidArgument(
-                f"{msg.subject} takes tensor requests as request bundles (IBQ1) only, "
-                f"and generative requests with {h.KIND}: {h.KIND_GENERATE}; this message "
-                f"is neither ({exc.message}); nothing was computed"
+                f"{msg.subject} takes request bundles (IBQ1) only (generative requests "
+                f"go to {self._subjects.prefix}.genroute.<model>); this message is not "
+                f"one ({exc.message}); nothing was computed"
             ),
             (msg.headers or {}).get(h.REQUEST_ID, ""),
         )
