@@ -32,7 +32,11 @@ SUBJECTS = Subjects("ib")
     [
         (None, "", ""),
         (Route(model="m", stable="3"), "", "3"),
-        (Route(model="m", stable="3"), "2", ""),  # pinned: the router resolves it
+        (Route(model="m", stable="3", versions=["2", "3"]), "2", "2"),  # pin: decided
+        (Route(model="m", stable="3", aliases={"best": "2"}), "best", "2"),
+        (Route(model="m", stable="3"), "9", ""),  # names nothing: the router refuses it
+        (Route(model="m", stable="3", canary="4", canary_weight=10), "canary", "4"),
+        (Route(model="m", stable="3", shadow="4", shadow_rate=0.5), "3", ""),
         (Route(model="m", stable="3", canary="4", canary_weight=10), "", ""),
         (Route(model="m", stable="3", canary="4", canary_weight=0), "", "3"),
         (Route(model="m", stable="3", canary="3", canary_weight=50), "", "3"),
@@ -152,7 +156,7 @@ async def dispatchers(nats_client):
 
 
 @pytest.mark.parametrize("bundles", [True, False])
-async def test_direct_dispatch_skips_the_router_only_for_plain_routes(
+async def test_direct_dispatch_skips_the_router_when_it_has_nothing_to_do(
     nats_client, dispatchers, bundles
 ):
     router = await FakeBatcher(nats_client, SUBJECTS.route("fraud")).start()
@@ -175,9 +179,12 @@ async def test_direct_dispatch_skips_the_router_only_for_plain_routes(
             assert batcher.seen[0][1][h.MODEL] == "fraud"
 
         await _call(direct, canary)  # a canary takes traffic: the router decides
-        await _call(direct, plain, version="3")  # pinned: the router resolves it
+        shadowed = Route(model="fraud", stable="3", shadow="4", shadow_rate=0.5)
+        await _call(direct, shadowed, version="3")  # pinned, but a shadow copy to send
         await _call(via_router, plain)  # direct off: always the router
         assert len(router.seen) == 3 and len(batcher.seen) == 1
+        await _call(direct, plain, version="3")  # pinned, nothing else to do: direct
+        assert len(router.seen) == 3 and len(batcher.seen) == 2
         if bundles:
             assert [b.version for b in router.bundles] == ["", "", ""]
             assert [b.requests[0].pin for b in router.bundles] == ["", "3", ""]

@@ -34,11 +34,11 @@ from inferbus_common.bundles import (
 )
 from inferbus_common.catalog import Catalog, Route, WorkerStatus, ensure_kv
 from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.resolver import STICKY_BUCKETS, sticky_bucket
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_common.wire import decode_tensors, encode_tensors
 from inferbus_router.health import HealthPolicy, HealthWeights
 from inferbus_router.router import Router
-from inferbus_router.routing import STICKY_BUCKETS, sticky_bucket
 from inferbus_router.shadow import ShadowComparer
 from inferbus_testing.records import audit_record, ready_heartbeat
 

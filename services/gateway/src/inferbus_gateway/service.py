@@ -20,7 +20,6 @@ from inferbus_common.errors import (
     FailedPrecondition,
     InferbusError,
     InvalidArgument,
-    NotFound,
     PermissionDenied,
     ResourceExhausted,
     Unavailable,
@@ -28,6 +27,7 @@ from inferbus_common.errors import (
 from inferbus_common.loopmetrics import LoopCounter, LoopHistogram
 from inferbus_common.modelconfig import TensorSpec
 from inferbus_common.modelstats import sum_stats
+from inferbus_common.resolver import decide
 from inferbus_common.subjects import Subjects
 from inferbus_common.validation import RequestChecker
 from inferbus_common.wire import FrameError, decode_tensors
@@ -229,25 +229,15 @@ class InferenceService:
         return {"name": self.server_name, "version": self.version, "extensions": SERVER_EXTENSIONS}
 
     def resolve(self, model: str, version: str = "") -> DeployedVersion:
-        """The deployed version a (model, version) names.
+        """The deployed version a (model, version) names (`Catalog.deployed`).
 
         Raises:
+            InvalidArgument: no model name.
             NotFound: naming the model (and version) that does not exist.
         """
         if not model:
             raise InvalidArgument("a model name is required")
-        dv = self._catalog.resolve(model, version)
-        if dv is not None:
-            return dv
-        if model not in self._catalog.routes and not any(
-            m == model for m, _ in self._catalog.versions
-        ):
-            raise NotFound(f"Request for unknown model: '{model}' is not known to this server")
-        if version:
-            route = self._catalog.routes.get(model)
-            known = route.versions if route else []
-            raise NotFound(f"model '{model}' has no version '{version}' (versions: {known})")
-        raise NotFound(f"model '{model}' has no stable version deployed")
+        return self._catalog.deployed(model, version)
 
     def model_ready(self, model: str, version: str = "") -> bool:
         """A live worker serves the model version (unknown models are not ready)."""
@@ -445,6 +435,33 @@ class InferenceService:
             checker = self._checkers[key] = RequestChecker(dv.config)
         return checker
 
+    def _pin(self, request: InferRequest, dv: DeployedVersion) -> str:
+        """The version to send `request` to, or '' to leave the choice to the router.
+
+        `dv` is the version `resolve` named (the pinned one, else stable) and
+        `request` passed its config. A pin or a route without a canary taking
+        traffic decides here (`resolver.decide` without a draw), and the
+        concrete version goes with the request, so the router (or the
+        dispatcher's shortcut) runs exactly the version validated against.
+        Only a stable/canary split is the router's (it alone knows the
+        canary's health factor); then the request, already valid for stable,
+        must suit the canary too, else only stable can run it and it is
+        pinned there.
+        """
+        route = self._catalog.routes.get(request.model)
+        decision = decide(route, request.model, request.version, draw=None)
+        if decision.decided:
+            return decision.version
+        assert route is not None  # decide raised NotFound otherwise
+        canary = self._catalog.versions.get((request.model, route.canary))
+        if canary is None:
+            return ""  # no record: the router sends it nothing (no worker has it ready)
+        try:
+            self._checker(canary).check(request.inputs, request.outputs)
+        except InvalidArgument:
+            return dv.version
+        return ""
+
     def _observe(self, request: InferRequest, response: InferResponse) -> None:
         """Hand an answered request to the observers; they must never fail it."""
         for observe in self._observers:
@@ -593,6 +610,7 @@ class InferenceService:
             )
         check_sequence_request(dv, request.sequence)
         self._checker(dv).check(request.inputs, request.outputs)
+        pin = self._pin(request, dv)
         timeout_s = request.timeout_s
         if timeout_s is None:
             timeout_s = dv.config.batching.default_timeout_ms / 1000.0
@@ -620,7 +638,7 @@ class InferenceService:
         else:
             reply = await self._dispatcher.call(
                 request.model,
-                version=request.version,
+                version=pin,
                 request_id=request_id,
                 tensors=request.inputs,
                 outputs=request.outputs,

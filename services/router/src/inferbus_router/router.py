@@ -1,6 +1,7 @@
 """The router component: subscribe to `ib.route.*`, forward to `ib.infer.<model>.<version>`.
 
-Per request: decide the version (`routing.decide`: pinned → sticky → weighted,
+Per request: decide the version (`inferbus_common.resolver.decide`: pinned →
+sticky → weighted,
 with the canary weight scaled by `health.HealthWeights`), publish to the
 version's subject (``ib.gen.…`` for generative requests, ``ib.infer.…``
 otherwise) and, for a sampled share, a shadow copy (`shadow.ShadowComparer`).
@@ -44,10 +45,10 @@ from inferbus_common.errors import (
 )
 from inferbus_common.generation import LLM_FULL_REASON
 from inferbus_common.replies import ReplyTarget, send_error, send_errors
+from inferbus_common.resolver import decide, stickiness_key, wants_shadow
 from inferbus_common.subjects import Subjects, name_from_token, subject_token
 from inferbus_common.wire import FrameError
 from inferbus_router.health import HealthWeights
-from inferbus_router.routing import decide, wants_shadow
 from inferbus_router.shadow import ShadowComparer
 
 log = logging.getLogger(__name__)
@@ -233,7 +234,19 @@ class Router:
             weight = None
             if route is not None and route.canary:
                 weight = self._canary_weight(route)
-            decision = decide(route, model, headers, canary_weight=weight, draw=self._draw)
+            key = ""
+            if route is not None and route.sticky:
+                key = stickiness_key(
+                    route, headers.get(h.TENANT, ""), headers.get(h.STICKY_KEY, "")
+                )
+            decision = decide(
+                route,
+                model,
+                headers.get(h.VERSION, ""),
+                sticky_key=key,
+                canary_weight=weight,
+                draw=self._draw,
+            )
         except InferbusError as exc:
             code, _ = status_of(exc)
             ROUTED.labels(model, "", code.name).inc()
@@ -305,15 +318,16 @@ class Router:
         refused: dict[tuple[StatusCode, str], list[ReplyTarget]] = {}
         tracing_on = tracing.enabled()
         for r in bundle.requests:
-            hdrs: dict[str, str] = {}
-            if r.pin:
-                hdrs[h.VERSION] = r.pin
-            if r.tenant:
-                hdrs[h.TENANT] = r.tenant
-            if r.sticky_key:
-                hdrs[h.STICKY_KEY] = r.sticky_key
             try:
-                decision = decide(route, model, hdrs, canary_weight=weight, draw=self._draw)
+                key = stickiness_key(route, r.tenant, r.sticky_key) if route is not None else ""
+                decision = decide(
+                    route,
+                    model,
+                    r.pin,
+                    sticky_key=key,
+                    canary_weight=weight,
+                    draw=self._draw,
+                )
             except InferbusError as exc:
                 code, message = status_of(exc)
                 ROUTED.labels(model, "", code.name).inc()
