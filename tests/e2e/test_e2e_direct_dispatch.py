@@ -60,7 +60,7 @@ def test_plain_route_and_pins_skip_the_router(stack) -> None:
         with pytest.raises(InferenceServerException) as err:
             _infer(client, x, version="9")
         assert err.value.status() == "StatusCode.NOT_FOUND"
-        assert "model 'fraud' has no version or alias '9'" in err.value.message()
+        assert "model 'fraud' has no version '9' and no alias '9'" in err.value.message()
         assert _routed(stack) == before
     finally:
         client.close()

@@ -195,10 +195,10 @@ def test_pins_that_name_nothing_are_not_found(stack: LocalStack) -> None:
     with pytest.raises(InferenceServerException) as err:
         _grpc(stack, "2.0.0")
     assert err.value.status() == "StatusCode.NOT_FOUND"
-    assert f"model '{MODEL}' has no version or alias '2.0.0'" in err.value.message()
+    assert f"model '{MODEL}' has no version '2.0.0' and no alias '2.0.0'" in err.value.message()
     response = _http(stack, "nightly")
     assert response.status_code == 404, response.text
-    assert f"model '{MODEL}' has no version or alias 'nightly'" in response.text
+    assert f"model '{MODEL}' has no version 'nightly' and no alias 'nightly'" in response.text
 
 
 def test_a_split_sends_the_canary_only_requests_it_can_run(stack: LocalStack) -> None:

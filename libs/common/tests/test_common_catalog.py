@@ -145,7 +145,7 @@ async def test_resolve_follows_routes_aliases_and_deletes(js: JetStreamContext) 
         assert await catalog.wait_for(lambda: catalog.routes[MODEL].stable == "1", WAIT)
         with pytest.raises(NotFound, match=f"model '{MODEL}' version '1' is not deployed"):
             catalog.deployed(MODEL, "stable")
-        with pytest.raises(NotFound, match=f"model '{MODEL}' has no version or alias '3'"):
+        with pytest.raises(NotFound, match=f"model '{MODEL}' has no version '3' and no alias '3'"):
             catalog.deployed(MODEL, "3")
 
         # Without a route nothing resolves, pinned or not: the router, which

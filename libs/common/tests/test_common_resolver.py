@@ -83,11 +83,17 @@ def test_decisions(
     [
         (None, "x", "", None, "Request for unknown model: 'x' is not deployed"),
         (None, "x", "1", None, "Request for unknown model: 'x' is not deployed"),
-        (INTEGER, "m", "9", None, "model 'm' has no version or alias '9'"),
-        (INTEGER, "m", "9", {"1": "1"}, "model 'm' has no version or alias '9'"),
+        (INTEGER, "m", "9", None, "model 'm' has no version '9' and no alias '9'"),
+        (INTEGER, "m", "9", {"1": "1"}, "model 'm' has no version '9' and no alias '9'"),
         # No canary on the route and no alias of that name: nothing to pin.
-        (INTEGER, "m", "canary", None, "model 'm' has no version or alias 'canary'"),
-        (SEMVER, "m", "2", None, r"has no version or alias '2'; versions: \['1.0.0', '1.1.0'\]"),
+        (INTEGER, "m", "canary", None, "model 'm' has no version 'canary' and no alias 'canary'"),
+        (
+            SEMVER,
+            "m",
+            "2",
+            None,
+            r"has no version '2' and no alias '2'; versions: \['1.0.0', '1.1.0'\]",
+        ),
         (Route(model="m", stable=""), "m", "", None, "model 'm' has no stable version"),
     ],
 )

@@ -141,7 +141,8 @@ def pinned_version(
         f for f, v in ((STABLE_FIELD, route.stable), (CANARY_FIELD, route.canary)) if v
     ]
     raise NotFound(
-        f"model '{model}' has no version or alias '{pin}'; versions: {route.versions}, "
+        f"model '{model}' has no version '{pin}' and no alias '{pin}'; versions: "
+        f"{route.versions}, "
         f"aliases: {sorted(set(names))}"
     )
 
