@@ -172,6 +172,7 @@ def test_sticky_keys_split_by_weight_and_move_monotonically() -> None:
 def test_stickiness_key(sticky: str, tenant: str, header: str, expected: str) -> None:
     route = CANARY.model_copy(update={"sticky": sticky})
     assert stickiness_key(route, tenant, header) == expected
+    assert stickiness_key(None, tenant, header) == ""
 
 
 def test_shadow_sampling() -> None:

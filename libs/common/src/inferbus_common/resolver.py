@@ -90,15 +90,17 @@ def sticky_bucket(model: str, key: str) -> int:
     return int.from_bytes(digest, "big") % STICKY_BUCKETS
 
 
-def stickiness_key(route: Route, tenant: str, header_key: str) -> str:
+def stickiness_key(route: Route | None, tenant: str, header_key: str) -> str:
     """The request's stickiness key under the route's `sticky` setting ('' = none).
 
     Args:
-        route: the model's routing table.
+        route: the model's routing table (None: not deployed, no key).
         tenant: the request's tenant (used when `sticky` is ``tenant``).
         header_key: the value of the client header `sticky` names
             (``header:<Name>``), which the gateway copies into the request.
     """
+    if route is None or not route.sticky:
+        return ""
     if route.sticky == "tenant":
         return tenant
     if route.sticky.startswith("header:"):

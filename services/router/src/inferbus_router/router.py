@@ -1,10 +1,10 @@
 """The router component: subscribe to `ib.route.*`, forward to `ib.infer.<model>.<version>`.
 
 Per request: decide the version (`inferbus_common.resolver.decide`: pinned →
-sticky → weighted,
-with the canary weight scaled by `health.HealthWeights`), publish to the
-version's subject (``ib.gen.…`` for generative requests, ``ib.infer.…``
-otherwise) and, for a sampled share, a shadow copy (`shadow.ShadowComparer`).
+sticky → weighted, with the canary weight scaled by `health.HealthWeights`),
+publish to the version's subject (``ib.gen.…`` for generative requests,
+``ib.infer.…`` otherwise) and, for a sampled share, a shadow copy
+(`shadow.ShadowComparer`).
 A request bundle is split by decided version into one bundle per version
 (frames passed through untouched), its shadow copies into one bundle to the
 shadow version. Alongside: follow route revisions (log each change once,
@@ -234,11 +234,7 @@ class Router:
             weight = None
             if route is not None and route.canary:
                 weight = self._canary_weight(route)
-            key = ""
-            if route is not None and route.sticky:
-                key = stickiness_key(
-                    route, headers.get(h.TENANT, ""), headers.get(h.STICKY_KEY, "")
-                )
+            key = stickiness_key(route, headers.get(h.TENANT, ""), headers.get(h.STICKY_KEY, ""))
             decision = decide(
                 route,
                 model,
@@ -319,7 +315,7 @@ class Router:
         tracing_on = tracing.enabled()
         for r in bundle.requests:
             try:
-                key = stickiness_key(route, r.tenant, r.sticky_key) if route is not None else ""
+                key = stickiness_key(route, r.tenant, r.sticky_key)
                 decision = decide(
                     route,
                     model,
