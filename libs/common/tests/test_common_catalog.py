@@ -18,6 +18,7 @@ from inferbus_common.catalog import (
     WorkerStatus,
     ensure_kv,
 )
+from inferbus_common.errors import NotFound
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.subjects import Subjects
 
@@ -138,12 +139,24 @@ async def test_resolve_follows_routes_aliases_and_deletes(js: JetStreamContext) 
         assert await catalog.wait_for(lambda: (MODEL, "1") not in catalog.versions, WAIT)
         assert version_of("1") is None
 
-        # Without a route, only pinned versions resolve.
+        # A version the route names whose record is gone is NOT_FOUND, named.
+        route.stable = "1"
+        await routes.put(S.model_key(MODEL), route.model_dump_json().encode())
+        assert await catalog.wait_for(lambda: catalog.routes[MODEL].stable == "1", WAIT)
+        with pytest.raises(NotFound, match=f"model '{MODEL}' version '1' is not deployed"):
+            catalog.deployed(MODEL, "stable")
+        with pytest.raises(NotFound, match=f"model '{MODEL}' has no version '3' and no alias '3'"):
+            catalog.deployed(MODEL, "3")
+
+        # Without a route nothing resolves, pinned or not: the router, which
+        # resolves with the same rule, would refuse it (an unloaded model).
         await routes.purge(S.model_key(MODEL))
         assert await catalog.wait_for(lambda: MODEL not in catalog.routes, WAIT)
         assert version_of() is None
         assert version_of("canary") is None
-        assert version_of("2") == "2"
+        assert version_of("2") is None
+        with pytest.raises(NotFound, match="Request for unknown model"):
+            catalog.deployed(MODEL, "2")
 
 
 async def test_worker_heartbeats_and_states(js: JetStreamContext) -> None:

@@ -73,9 +73,11 @@ async def offer(
     t0 = time.monotonic()
     n = 0
     while True:
-        due = t0 + n * interval
-        if due - t0 >= duration_s:
+        # Count from n, not from (t0 + n * interval) - t0: that difference rounds
+        # to either side of duration_s depending on t0, one call more or less.
+        if n * interval >= duration_s:
             return tally
+        due = t0 + n * interval
         delay = due - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)

@@ -31,7 +31,11 @@ SUBJECTS = Subjects("ib")
     [
         (None, "", ""),
         (Route(model="m", stable="3"), "", "3"),
-        (Route(model="m", stable="3"), "2", ""),  # pinned: the router resolves it
+        (Route(model="m", stable="3", versions=["2", "3"]), "2", "2"),  # pin: decided
+        (Route(model="m", stable="3", aliases={"best": "2"}), "best", "2"),
+        (Route(model="m", stable="3"), "9", ""),  # names nothing: the router refuses it
+        (Route(model="m", stable="3", canary="4", canary_weight=10), "canary", "4"),
+        (Route(model="m", stable="3", shadow="4", shadow_rate=0.5), "3", ""),
         (Route(model="m", stable="3", canary="4", canary_weight=10), "", ""),
         (Route(model="m", stable="3", canary="4", canary_weight=0), "", "3"),
         (Route(model="m", stable="3", canary="3", canary_weight=50), "", "3"),
@@ -137,7 +141,7 @@ async def dispatchers(nats_client):
         await d.stop()
 
 
-async def test_direct_dispatch_skips_the_router_only_for_plain_routes(nats_client, dispatchers):
+async def test_direct_dispatch_skips_the_router_when_it_has_nothing_to_do(nats_client, dispatchers):
     router = await FakeBatcher(nats_client, SUBJECTS.route("fraud")).start()
     batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
     direct = await dispatchers("gw-direct", direct=True)
@@ -154,9 +158,12 @@ async def test_direct_dispatch_skips_the_router_only_for_plain_routes(nats_clien
         assert bundle.requests[0].envelope.version == ""
 
         await _call(direct, canary)  # a canary takes traffic: the router decides
-        await _call(direct, plain, version="3")  # pinned: the router resolves it
+        shadowed = Route(model="fraud", stable="3", shadow="4", shadow_rate=0.5)
+        await _call(direct, shadowed, version="3")  # pinned, but a shadow copy to send
         await _call(via_router, plain)  # direct off: always the router
         assert len(router.seen) == 3 and len(batcher.seen) == 1
+        await _call(direct, plain, version="3")  # pinned, nothing else to do: direct
+        assert len(router.seen) == 3 and len(batcher.seen) == 2
         assert [b.version for b in router.bundles] == ["", "", ""]
         assert [b.requests[0].envelope.version for b in router.bundles] == ["", "3", ""]
     finally:

@@ -22,6 +22,7 @@ from inferbus_common.admission.apikeys import KeyStore
 from inferbus_common.admission.keys import AdmissionKeys, connect_redis
 from inferbus_common.admission.limits import Limit, Scope, set_limit
 from inferbus_common.audit import decode_records
+from inferbus_common.catalog import Catalog as LiveCatalog
 from inferbus_common.catalog import DeployedVersion, Route
 from inferbus_common.codec import Tensor, tensor_from_numpy
 from inferbus_common.errors import (
@@ -80,8 +81,9 @@ def _config(name: str = "fraud", **extra: object) -> ModelConfig:
     )
 
 
-class Catalog:
-    """What the handler reads of the live catalog: routes, versions, states."""
+class Catalog(LiveCatalog):
+    """The live catalog's lookups (`deployed`, `resolve`) over fixed routes and
+    versions, without a bus to watch; every version in state `state`."""
 
     def __init__(self, *versions: DeployedVersion, state: str = "ready") -> None:
         self.versions = {(dv.model, dv.version): dv for dv in versions}
@@ -90,12 +92,6 @@ class Catalog:
             for dv in versions
         }
         self.state = state
-
-    def resolve(self, model: str, version: str = "") -> DeployedVersion | None:
-        route = self.routes.get(model)
-        if route is None:
-            return None
-        return self.versions.get((model, version or route.stable))
 
     def version_state(self, model: str, version: str) -> str:
         return self.state

@@ -37,10 +37,10 @@ from inferbus_common.protocol.bundles import (
 from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.framing import FrameError
 from inferbus_common.protocol.tensors import decode_tensors, encode_tensors
+from inferbus_common.resolver import STICKY_BUCKETS, sticky_bucket
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_router.health import HealthPolicy, HealthWeights
 from inferbus_router.router import Router
-from inferbus_router.routing import STICKY_BUCKETS, sticky_bucket
 from inferbus_router.shadow import ShadowComparer
 from inferbus_testing.records import audit_record, ready_heartbeat
 

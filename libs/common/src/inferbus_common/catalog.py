@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import nats.errors
 import nats.js.errors
@@ -31,9 +31,10 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, Field, ValidationError
 
 from inferbus_common.bus import replicas_of
-from inferbus_common.errors import FailedPrecondition, InferbusError, Unavailable
+from inferbus_common.errors import FailedPrecondition, InferbusError, NotFound, Unavailable
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.modelstats import ModelStats
+from inferbus_common.resolver import pinned_version
 from inferbus_common.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -568,20 +569,31 @@ class Catalog:
         self.pools[spec.name] = spec
 
     # --- queries -------------------------------------------------------------
-    def resolve(self, model: str, version: str = "") -> DeployedVersion | None:
-        """The deployed version a request for (`model`, `version`) means.
+    def deployed(
+        self, model: str, pin: str = "", numbers: Mapping[str, str] | None = None
+    ) -> DeployedVersion:
+        """The deployed version a request for (`model`, `pin`) means.
 
-        An empty version means the route's stable version; an alias name is
-        resolved through the route's aliases.
+        The pin (a version, an alias, ``stable``/``canary``, or '' for the
+        route's stable version) is read by `resolver.pinned_version`, the
+        rule the router applies too.
+
+        Raises:
+            NotFound: the model has no route, the pin names nothing, or the
+                version it names has no record in the models bucket.
         """
-        route = self.routes.get(model)
-        if not version:
-            if route is None:
-                return None
-            version = route.stable
-        elif route is not None and version in route.aliases:
-            version = route.aliases[version]
-        return self.versions.get((model, version))
+        version = pinned_version(self.routes.get(model), model, pin, numbers)
+        dv = self.versions.get((model, version))
+        if dv is None:
+            raise NotFound(f"model '{model}' version '{version}' is not deployed")
+        return dv
+
+    def resolve(self, model: str, version: str = "") -> DeployedVersion | None:
+        """`deployed`, or None where it raises NotFound."""
+        try:
+            return self.deployed(model, version)
+        except NotFound:
+            return None
 
     def ready_workers(self, model: str, version: str) -> list[WorkerStatus]:
         """Live workers that report (`model`, `version`) ready."""

@@ -525,7 +525,9 @@ class GenerationService:
                 h.KIND: h.KIND_GENERATE,
             }
             if version:
-                out[h.VERSION] = version
+                # The concrete version resolved above (the router's own rule), so an
+                # alias moved meanwhile cannot send it elsewhere.
+                out[h.VERSION] = dv.version
             if tenant:
                 out[h.TENANT] = tenant
             if traceparent:

@@ -108,8 +108,9 @@ class GatewaySettings(ServiceSettings):
     """One JSON line per inference request at INFO (logger ``inferbus_gateway.access``):
     request id, trace id, model, version, tenant, latency, status. Never headers or tensors."""
     direct_dispatch: bool = True
-    """Send requests whose route leaves nothing to decide (no pinned version, no canary
-    taking traffic, no shadow) straight to the stable version's batchers, skipping the
+    """Send requests whose version the gateway decides itself (a pin, or a route with no
+    canary taking traffic; `inferbus_common.resolver`) on a route without a shadow
+    straight to that version's batchers, skipping the
     router hop (``inferbus_gateway.dispatch.dispatcher.plain_version``; what it saves:
     docs/architecture.md, step 2). Off: every request goes through the router (its
     metrics and spans then count all traffic)."""

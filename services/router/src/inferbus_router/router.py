@@ -3,8 +3,8 @@
 Two kinds of request arrive, each on its own subject in its one framing:
 
 * tensor requests on ``ib.route.<model>``, always in request bundles (a lone
-  request is a bundle of one): per request, decide the version (`routing.decide`: pinned → sticky →
-  weighted, with the canary weight scaled by `health.HealthWeights`); the
+  request is a bundle of one): per request, decide the version (`inferbus_common.resolver.decide`:
+  pinned → sticky → weighted, with the canary weight scaled by `health.HealthWeights`); the
   bundle is split by decided version into one bundle per version on
   ``ib.infer.…`` (frames passed through untouched), a sampled share's shadow
   copies into one bundle to the shadow version (`shadow.ShadowComparer`);
@@ -55,9 +55,9 @@ from inferbus_common.protocol.bundles import (
 )
 from inferbus_common.protocol.framing import FrameError
 from inferbus_common.protocol.replies import ReplyTarget, send_error, send_errors
+from inferbus_common.resolver import decide, stickiness_key, wants_shadow
 from inferbus_common.subjects import Subjects, name_from_token, subject_token
 from inferbus_router.health import HealthWeights
-from inferbus_router.routing import decide, wants_shadow
 from inferbus_router.shadow import ShadowComparer
 
 log = logging.getLogger(__name__)
@@ -300,7 +300,15 @@ class Router:
             weight = None
             if route is not None and route.canary:
                 weight = self._canary_weight(route)
-            decision = decide(route, model, headers, canary_weight=weight, draw=self._draw)
+            key = stickiness_key(route, headers.get(h.TENANT, ""), headers.get(h.STICKY_KEY, ""))
+            decision = decide(
+                route,
+                model,
+                headers.get(h.VERSION, ""),
+                sticky_key=key,
+                canary_weight=weight,
+                draw=self._draw,
+            )
         except InferbusError as exc:
             code, _ = status_of(exc)
             ROUTED.labels(model, "", code.name).inc()
@@ -346,15 +354,16 @@ class Router:
         tracing_on = tracing.enabled()
         for r in bundle.requests:
             env = r.envelope
-            hdrs: dict[str, str] = {}
-            if env.version:
-                hdrs[h.VERSION] = env.version
-            if env.tenant:
-                hdrs[h.TENANT] = env.tenant
-            if env.sticky_key:
-                hdrs[h.STICKY_KEY] = env.sticky_key
             try:
-                decision = decide(route, model, hdrs, canary_weight=weight, draw=self._draw)
+                key = stickiness_key(route, env.tenant, env.sticky_key)
+                decision = decide(
+                    route,
+                    model,
+                    env.version,
+                    sticky_key=key,
+                    canary_weight=weight,
+                    draw=self._draw,
+                )
             except InferbusError as exc:
                 code, message = status_of(exc)
                 ROUTED.labels(model, "", code.name).inc()

@@ -36,7 +36,13 @@ from prometheus_client import Gauge
 from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import Route
 from inferbus_common.codec import Buffer, Tensor
-from inferbus_common.errors import DeadlineExceeded, InferbusError, InvalidArgument, Unavailable
+from inferbus_common.errors import (
+    DeadlineExceeded,
+    InferbusError,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from inferbus_common.loopmetrics import LoopCounter, LoopGauge, LoopHistogram
 from inferbus_common.protocol import headers as h
 from inferbus_common.protocol.bundles import (
@@ -48,6 +54,7 @@ from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.framing import FrameError, parts_size
 from inferbus_common.protocol.replies import error_from_fields
 from inferbus_common.protocol.tensors import tensor_frame_parts
+from inferbus_common.resolver import decide, has_shadow
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.dispatch.cpuload import CpuLoad
 
@@ -88,20 +95,20 @@ CPU_BUSY = Gauge(
 
 
 def plain_version(route: Route | None, pinned: str) -> str:
-    """The version the router would pick for a request with nothing to decide, else ''.
+    """The version the gateway may publish a request to itself, skipping the router; ''
+    when the router has something to do.
 
-    Nothing to decide: the client pinned no version, the route has no canary
-    taking traffic (so stickiness and health weights do not matter) and no
-    shadow copy to send. Then the router's answer is always ``route.stable``
-    (`inferbus_router.routing.decide`), and the gateway can publish there itself.
+    The router has nothing to do when the version is decided without it
+    (`inferbus_common.resolver.decide` without a draw: a pin, or a route with
+    no canary taking traffic; the gateway sends pins as concrete versions)
+    and the route copies nothing to a shadow version.
     """
-    if route is None or pinned or not route.stable:
+    if route is None or has_shadow(route):
         return ""
-    if route.canary and route.canary != route.stable and route.canary_weight > 0:
-        return ""
-    if route.shadow and route.shadow_rate > 0:
-        return ""
-    return route.stable
+    try:
+        return decide(route, route.model, pinned, draw=None).version
+    except NotFound:
+        return ""  # the router answers it NOT_FOUND, as for any other request
 
 
 @dataclass(slots=True, eq=False)

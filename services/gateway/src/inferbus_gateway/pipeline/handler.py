@@ -16,15 +16,15 @@ from inferbus_common.catalog import Catalog, DeployedVersion, is_rejected, not_r
 from inferbus_common.errors import (
     FailedPrecondition,
     InvalidArgument,
-    NotFound,
     Unavailable,
 )
 from inferbus_common.protocol import headers as h
 from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.framing import FrameError
 from inferbus_common.protocol.tensors import decode_tensors
+from inferbus_common.resolver import decide
 from inferbus_common.validation import RequestChecker
-from inferbus_gateway.canonical import InferResponse
+from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.dispatch.dispatcher import Dispatcher, Reply
 from inferbus_gateway.dispatch.lazyload import LazyLoader
 from inferbus_gateway.pipeline.call import InferCall
@@ -36,7 +36,7 @@ _MAX_CHECKERS = 1024
 
 
 def resolve_version(catalog: Catalog, model: str, version: str = "") -> DeployedVersion:
-    """The deployed version a (model, version) names.
+    """The deployed version a (model, version) names (`Catalog.deployed`).
 
     Raises:
         InvalidArgument: no model name.
@@ -44,16 +44,7 @@ def resolve_version(catalog: Catalog, model: str, version: str = "") -> Deployed
     """
     if not model:
         raise InvalidArgument("a model name is required")
-    dv = catalog.resolve(model, version)
-    if dv is not None:
-        return dv
-    if model not in catalog.routes and not any(m == model for m, _ in catalog.versions):
-        raise NotFound(f"Request for unknown model: '{model}' is not known to this server")
-    if version:
-        route = catalog.routes.get(model)
-        known = route.versions if route else []
-        raise NotFound(f"model '{model}' has no version '{version}' (versions: {known})")
-    raise NotFound(f"model '{model}' has no stable version deployed")
+    return catalog.deployed(model, version)
 
 
 class Readiness:
@@ -116,8 +107,13 @@ class Dispatch:
         self._dispatcher = dispatcher
         self.sequences = sequences
 
-    def send(self, call: InferCall, dv: DeployedVersion, deadline_ns: int) -> Awaitable[Reply]:
+    def send(
+        self, call: InferCall, dv: DeployedVersion, deadline_ns: int, pin: str | None = None
+    ) -> Awaitable[Reply]:
         """Send the call's request to `dv`'s model and wait for its reply until `deadline_ns`.
+
+        `pin` is the version the request goes to ('' leaves the choice to the
+        router; None: the version the client asked for).
 
         Returns the dispatcher's own awaitable (no coroutine of its own: this is
         on every request's path).
@@ -138,7 +134,7 @@ class Dispatch:
                 call.request_id,
                 request.model,
                 deadline_ns,
-                request.version,
+                request.version if pin is None else pin,
                 request.priority,
                 tuple(request.outputs),
                 request.traceparent,
@@ -213,10 +209,11 @@ class InferHandler:
             raise InvalidArgument(f"request id is longer than {MAX_REQUEST_ID} characters")
         dv = self.resolve(request.model, request.version)
         timeout_s = self._validate(call, dv)
+        pin = self._pin(request, dv)
         timeout_s = await self._readiness.wait(dv, timeout_s)
         deadline_ns = h.deadline_from_timeout(timeout_s)
         t_sent = time.perf_counter()
-        reply = await self.dispatch.send(call, dv, deadline_ns)
+        reply = await self.dispatch.send(call, dv, deadline_ns, pin)
         t_back = time.perf_counter()
         call.version = reply.version or call.version
         call.digest = reply.digest
@@ -259,6 +256,33 @@ class InferHandler:
                 self._checkers.clear()
             checker = self._checkers[key] = RequestChecker(dv.config)
         return checker
+
+    def _pin(self, request: InferRequest, dv: DeployedVersion) -> str:
+        """The version to send `request` to, or '' to leave the choice to the router.
+
+        `dv` is the version `resolve` named (the pinned one, else stable) and
+        `request` passed its config. A pin or a route without a canary taking
+        traffic decides here (`resolver.decide` without a draw), and the
+        concrete version goes with the request, so the router (or the
+        dispatcher's shortcut) runs exactly the version validated against.
+        Only a stable/canary split is the router's (it alone knows the
+        canary's health factor); then the request, already valid for stable,
+        must suit the canary too, else only stable can run it and it is
+        pinned there.
+        """
+        route = self._catalog.routes.get(request.model)
+        decision = decide(route, request.model, request.version, draw=None)
+        if decision.decided:
+            return decision.version
+        assert route is not None  # decide raised NotFound otherwise
+        canary = self._catalog.versions.get((request.model, route.canary))
+        if canary is None:
+            return ""  # no record: the router sends it nothing (no worker has it ready)
+        try:
+            self._checker(canary).check(request.inputs, request.outputs)
+        except InvalidArgument:
+            return dv.version
+        return ""
 
     @staticmethod
     def _decode(
