@@ -309,7 +309,13 @@ class OnnxRuntimeEngine:
                     arr.fill("0")
                 feeds[meta.name] = arr
             try:
-                self._session.run(None, feeds)
+                if self._binding is not None:
+                    # Through the binding: it allocates its buffers (and with CUDA
+                    # graphs captures the graph) for each size here, not on a request.
+                    outputs = [m.name for m in self._session.get_outputs()]
+                    self._binding.run(feeds, outputs)
+                else:
+                    self._session.run(None, feeds)
             # ORT raises its own exception classes (CancelledError is no Exception).
             except Exception as exc:
                 if not self._string_inputs:
