@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from inferbus_worker.engines.base import EngineError
+
 _MAX_SHAPES = 64
 """Input shapes whose buffers a thread keeps (without graphs; the oldest go first)."""
 
@@ -145,6 +147,11 @@ class CudaBinding:
         rows = next(iter(arrays.values())).shape[0] if self._batched and arrays else None
         for name in output_names:
             shape = _static_shape(self._out_shapes[name], rows)
+            if shape is None and graph:
+                raise EngineError(
+                    f"enable_cuda_graph: output '{name}' has a shape the model does not fix "
+                    f"({self._out_shapes[name]}); a CUDA graph writes to fixed buffers"
+                )
             if shape is None:
                 # Shape known only after the run: ONNX Runtime allocates it on the device.
                 bound.binding.bind_output(name, "cuda", self._device)
