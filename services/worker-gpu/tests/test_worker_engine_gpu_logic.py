@@ -206,3 +206,38 @@ def test_gpu_instances_are_placed_by_free_memory(fraud_config: ModelConfig) -> N
         raise AssertionError("a CPU version needs no GPU lookup")
 
     assert place_instances(fraud_config, no_lookup) == [None]
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["io-binding", "graph-padding"])
+def test_binding_logic_on_a_cpu_session(fraud_dir: Path, graphs: bool) -> None:
+    # The CUDA path's binding (buffers per shape, padding to the graph sizes, one
+    # binding per thread or one shared under a lock), on CPU buffers.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from inferbus_worker.engines.iobinding import CudaBinding
+
+    path = str(fraud_dir / "model.onnx")
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    binding = CudaBinding(
+        session,
+        0,
+        dtypes={"input": np.float32, "probabilities": np.float32},
+        batched=True,
+        cuda_graph=graphs,
+        batch_sizes=[1, 4, 32],
+        device="cpu",
+    )
+    assert binding.description == ("io-binding+cuda-graphs" if graphs else "io-binding")
+
+    def check(batch: int) -> None:
+        x = np.random.default_rng(batch).normal(size=(batch, 64)).astype(np.float32)
+        view = np.frombuffer(x.tobytes(), dtype=np.float32).reshape(batch, 64)
+        got = binding.run({"input": view}, ["probabilities"])["probabilities"]
+        assert got.shape == (batch, 2)
+        np.testing.assert_allclose(got, session.run(None, {"input": x})[0], rtol=1e-6)
+
+    for batch in (1, 3, 4, 32, 2, 3, 1):  # repeated shapes reuse their buffers
+        check(batch)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(check, [1, 2, 3, 4, 5, 6, 7, 8] * 4))
+    binding.close()

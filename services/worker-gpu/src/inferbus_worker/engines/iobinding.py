@@ -64,6 +64,8 @@ class CudaBinding:
         batched: the model's axis 0 is the batch axis.
         cuda_graph: the session was opened with ``enable_cuda_graph``.
         batch_sizes: the sizes graphs are captured for (batches are padded up to them).
+        device: where the buffers live: ``cuda``; ``cpu`` runs the same binding
+            logic on a CPU session (how machines without a GPU test it).
     """
 
     def __init__(
@@ -75,12 +77,14 @@ class CudaBinding:
         batched: bool,
         cuda_graph: bool = False,
         batch_sizes: Sequence[int] = (),
+        device: str = "cuda",
     ) -> None:
         import onnxruntime as ort
 
         self._ort = ort
         self._session = session
         self._device = device_id
+        self._kind = device
         self._dtypes = dict(dtypes)
         self._graph = cuda_graph
         self._batched = batched
@@ -140,7 +144,7 @@ class CudaBinding:
         bound = _Bound(binding=self._session.io_binding(), outputs=list(output_names))
         for name, arr in arrays.items():
             value = ort.OrtValue.ortvalue_from_shape_and_type(
-                list(arr.shape), arr.dtype.type, "cuda", self._device
+                list(arr.shape), arr.dtype.type, self._kind, self._device
             )
             bound.inputs[name] = value
             bound.binding.bind_ortvalue_input(name, value)
@@ -154,10 +158,10 @@ class CudaBinding:
                 )
             if shape is None:
                 # Shape known only after the run: ONNX Runtime allocates it on the device.
-                bound.binding.bind_output(name, "cuda", self._device)
+                bound.binding.bind_output(name, self._kind, self._device)
                 continue
             value = ort.OrtValue.ortvalue_from_shape_and_type(
-                shape, self._dtypes[name], "cuda", self._device
+                shape, self._dtypes[name], self._kind, self._device
             )
             bound.binding.bind_ortvalue_output(name, value)
         if graph:
