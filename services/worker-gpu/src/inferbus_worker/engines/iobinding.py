@@ -41,7 +41,8 @@ import numpy as np
 from inferbus_worker.engines.base import EngineError
 
 _MAX_SHAPES = 64
-"""Input shapes whose buffers a thread keeps (without graphs; the oldest go first)."""
+"""Input shapes whose buffers a thread keeps (without graphs the oldest go first; with
+graphs, shapes beyond it run without a graph)."""
 
 
 @dataclass(slots=True)
@@ -119,7 +120,11 @@ class CudaBinding:
         if self._graph:
             with self._graph_lock:
                 bound = self._shared.get(key)
-                if bound is None:
+                if bound is None and len(self._shared) >= _MAX_SHAPES:
+                    # Captured graphs pin their buffers: past the bound, shapes run
+                    # without a graph on buffers of their own, not kept.
+                    bound = self._bind(arrays, output_names, graph=False)
+                elif bound is None:
                     graph = padded in self._buckets or not self._buckets
                     bound = self._bind(arrays, output_names, graph=graph)
                     self._shared[key] = bound
