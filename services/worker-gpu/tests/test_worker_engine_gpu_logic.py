@@ -81,6 +81,18 @@ def test_version_that_allows_the_cpu_still_serves(fraud_dir: Path) -> None:
         eng.close()
 
 
+@pytest.mark.usefixtures("cuda_listed")
+def test_a_provider_failing_to_start_gives_way_to_the_next_listed(fraud_dir: Path) -> None:
+    # Opening with CUDA fails (the warning is an error here); the config lists the
+    # CPU next, so the engine opens the session on it, as the config allows.
+    eng = OnnxRuntimeEngine(fraud_dir / "model.onnx", EngineConfig(providers=["cuda", "cpu"]))
+    eng.load()
+    try:
+        assert eng.providers == ["CPUExecutionProvider"] and eng.device_kind == "cpu"
+    finally:
+        eng.close()
+
+
 def test_session_provider_check() -> None:
     cuda = ("CUDAExecutionProvider", {"device_id": "0"})
     got_cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -92,12 +104,11 @@ def test_session_provider_check() -> None:
     ]
     with pytest.raises(ProviderUnavailable, match="CUDA failure 100: no CUDA-capable device"):
         check_session_providers([cuda], ["CPUExecutionProvider"], cpu_allowed=False, why=why)
+    trt = ("TensorrtExecutionProvider", {"device_id": "0"})
+    # TensorRT did not start but CUDA, which the config also lists, did: it serves.
+    check_session_providers([trt, cuda], got_cuda, cpu_allowed=False)
     with pytest.raises(ProviderUnavailable, match="TensorrtExecutionProvider did not start"):
-        check_session_providers(
-            [("TensorrtExecutionProvider", {}), cuda],
-            ["CUDAExecutionProvider", "CPUExecutionProvider"],
-            cpu_allowed=False,
-        )
+        check_session_providers([trt], ["CPUExecutionProvider"], cpu_allowed=False)
 
 
 class BarrierEngine(OnnxRuntimeEngine):
