@@ -252,3 +252,39 @@ def test_binding_logic_on_a_cpu_session(fraud_dir: Path, graphs: bool) -> None:
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(check, [1, 2, 3, 4, 5, 6, 7, 8] * 4))
     binding.close()
+
+
+def test_plan_instances_per_gpu(fraud_config: ModelConfig, tmp_path: Path) -> None:
+    from inferbus_worker.engines import TensorRTEngine
+
+    config = _with(
+        fraud_config,
+        file="model.plan",
+        engine={"kind": "tensorrt"},
+        instance_group={"count": 2, "gpus": [0, 1]},
+    )
+    eng = build_engine(config, tmp_path, trt_cache_dir=tmp_path / "trt")
+    assert isinstance(eng, EngineInstances)
+    plans = eng.instances
+    assert all(isinstance(p, TensorRTEngine) for p in plans)
+    assert [p.description for p in plans] == ["tensorrt[cuda:0]", "tensorrt[cuda:1]"]
+    assert config.instance_count == 4 and eng.device_kind == "gpu"
+
+
+def test_an_instance_taking_several_runs(fraud_dir: Path) -> None:
+    barrier = threading.Barrier(2, timeout=30)
+    sessions: list[object] = []
+    group = EngineInstances(
+        [BarrierEngine(fraud_dir / "model.onnx", barrier, sessions)], runs_each=2
+    )
+    group.load()
+    x = np.zeros((1, 64), np.float32)
+    threads = [
+        threading.Thread(target=group.run, args=({"input": x}, ["probabilities"])) for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    group.close()
+    assert not barrier.broken and len(sessions) == 2
