@@ -8,7 +8,9 @@ import pytest
 
 from inferbus_cli.commands.up import options_from_args
 from inferbus_cli.parser import build_parser
-from inferbus_cli.plan import Ports
+from inferbus_cli.plan import Ports, service_spec
+from inferbus_common import gpus
+from inferbus_common.gpus import GpuInfo
 
 
 def parse(*argv: str):
@@ -169,3 +171,51 @@ def test_every_handler_resolves() -> None:
         module_name, _, function = parse(*argv).handler.partition(":")
         module = importlib.import_module(f"inferbus_cli.commands.{module_name}")
         assert callable(getattr(module, function)), argv
+
+
+TWO_GPUS = [
+    GpuInfo(0, "GPU-11111111-aaaa", "NVIDIA H200", 140 << 30, 140 << 30),
+    GpuInfo(1, "GPU-22222222-bbbb", "NVIDIA H200", 140 << 30, 140 << 30),
+]
+
+
+def test_up_gpus_starts_one_worker_per_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpus, "host_gpus", lambda: TWO_GPUS)
+    options = options_from_args(parse("up", "--home", str(tmp_path), "--gpus", "all"))
+    assert options.workers == 2
+    assert options.gpus == ("GPU-11111111-aaaa", "GPU-22222222-bbbb")
+    endpoints = {"nats": "nats://127.0.0.1:4222", "registry": "127.0.0.1:8070"}
+    for i, uuid in enumerate(options.gpus):
+        env = service_spec(options, f"worker-{i + 1}", endpoints).env
+        assert env["CUDA_VISIBLE_DEVICES"] == uuid
+        assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert "CUDA_VISIBLE_DEVICES" not in service_spec(options, "gateway", endpoints).env
+    one = options_from_args(parse("up", "--home", str(tmp_path), "--gpus", "1"))
+    assert (one.workers, one.gpus) == (1, ("GPU-22222222-bbbb",))
+    # Without --gpus nothing is decided for the workers.
+    plain = options_from_args(parse("up", "--home", str(tmp_path), "--workers", "2"))
+    assert plain.gpus == ()
+    assert "CUDA_VISIBLE_DEVICES" not in service_spec(plain, "worker-1", endpoints).env
+
+
+@pytest.mark.parametrize(
+    ("host", "argv", "message"),
+    [
+        ([], ["--gpus", "all"], "no NVIDIA GPU found on this machine"),
+        (TWO_GPUS, ["--gpus", "0,3"], "no single GPU '3' here"),
+        (TWO_GPUS, ["--gpus", "0", "--workers", "2"], "leave --workers out"),
+    ],
+)
+def test_up_gpus_errors_are_clear(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    host: list[GpuInfo],
+    argv: list[str],
+    message: str,
+) -> None:
+    from inferbus_cli.commands import up
+
+    monkeypatch.setattr(gpus, "host_gpus", lambda: host)
+    assert up.run(parse("up", "--home", str(tmp_path), *argv)) == 1
+    assert message in capsys.readouterr().err

@@ -66,6 +66,11 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     )
     _home_option(p)
     p.add_argument("--workers", type=_positive_int, default=1, help="worker processes (1)")
+    p.add_argument(
+        "--gpus",
+        help="one worker per GPU instead of --workers: 'all', or GPU indices or UUIDs "
+        "separated by commas (each worker gets its GPU as CUDA_VISIBLE_DEVICES)",
+    )
     p.add_argument("--pool", default="default", help="worker pool of the workers (default)")
     p.add_argument("--store", choices=["local", "s3"], default="local", help="artifact store")
     p.add_argument("--s3-endpoint", default="127.0.0.1:9000", help="S3 endpoint HOST:PORT")

@@ -94,6 +94,8 @@ class UpOptions:
             starts too and the tiny generative model is pushed (see `inferbus_cli.llm`).
         nats_cluster: NATS nodes: 1 (one nats-server) or a cluster of 3 or 5
             with clustered JetStream, whose streams and buckets then keep 3 replicas.
+        gpus: UUIDs of the GPUs ``--gpus`` named: worker i sees only ``gpus[i]``
+            (empty: the workers inherit the CLI's ``CUDA_VISIBLE_DEVICES``).
     """
 
     home: Path
@@ -108,6 +110,7 @@ class UpOptions:
     log_level: str = "INFO"
     llm_python: Path | None = None
     nats_cluster: int = 1
+    gpus: tuple[str, ...] = ()
 
     @property
     def nats_names(self) -> list[str]:
@@ -375,6 +378,14 @@ def service_spec(options: UpOptions, name: str, endpoints: dict[str, str]) -> Pr
             "POOL": "llm",
         }
     env = {prefix + key: str(value) for key, value in values.items()}
+    if kind == "worker" and options.gpus:
+        # One GPU per worker, by UUID (stable whatever the CUDA device order);
+        # PCI order makes CUDA's ordinals match NVML's and nvidia-smi's.
+        index = int(name.removeprefix("worker-")) - 1
+        env |= {
+            "CUDA_VISIBLE_DEVICES": options.gpus[index % len(options.gpus)],
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        }
     python = options.llm_python if kind == "llm-worker" else None
     argv = [str(python or sys.executable), "-m", module]
     return ProcessSpec(name, "service", argv, env, options.logs_dir / f"{name}.log", ports_file)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferbus_common.catalog import PoolSpec, WorkerStatus, pool_admission
+from inferbus_common.catalog import PoolSpec, WorkerStatus, count_gpus, pool_admission
 from inferbus_common.subjects import Subjects
 
 
@@ -31,7 +31,26 @@ def test_gpu_quota_sums_the_admitted_specs() -> None:
     out = pool_admission("gpu", [_w("a", 1, 2), _w("b", 2, 4), _w("c", 3, 2)], spec)
     # a (2) fits, b would make 6 > 4 and stays out, c makes 4 and fits.
     assert out["a"] == "" and out["c"] == ""
-    assert "GPU quota exceeded: 2 of max_gpus 4 in use, this worker has 4" in out["b"]
+    assert "GPU quota exceeded: 2 of max_gpus 4 in use, this worker has 4 more" in out["b"]
+
+
+def _on(wid: str, joined: int, *uuids: str) -> WorkerStatus:
+    return WorkerStatus(
+        worker_id=wid, pool="gpu", joined_unix_ms=joined, gpu_count=len(uuids), gpu_uuids=uuids
+    )
+
+
+def test_gpus_are_counted_by_uuid() -> None:
+    # Two workers on one H200 use one GPU, not two.
+    a, b = _on("a", 1, "GPU-1"), _on("b", 2, "GPU-1")
+    c = _on("c", 3, "GPU-2", "GPU-1")
+    assert count_gpus([a, b]) == 1
+    assert count_gpus([a, b, c]) == 2
+    # Without UUIDs (an older worker), its count is all there is to go by.
+    assert count_gpus([a, _w("old", 4, 2)]) == 3
+    out = pool_admission("gpu", [a, b, c], PoolSpec(name="gpu", max_gpus=1))
+    assert out["a"] == "" and out["b"] == ""
+    assert "1 of max_gpus 1 in use, this worker has 1 more" in out["c"]
 
 
 def test_bucket_names_follow_the_prefix() -> None:

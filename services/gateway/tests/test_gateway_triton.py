@@ -83,6 +83,33 @@ def test_unbatched_config_keeps_every_dim_and_has_no_dynamic_batching() -> None:
     assert doc["instance_group"][0]["kind"] == "KIND_GPU"
 
 
+def test_instance_group_is_reported_as_configured() -> None:
+    per_gpu = triton_config(
+        "fraud",
+        _deployed(
+            instance_count=1,
+            engine={"providers": ["cuda"]},
+            instance_group={"count": 2, "gpus": [0, 1]},
+        ),
+    )
+    (group,) = per_gpu["instance_group"]
+    # Triton's count is per GPU listed.
+    assert (group["kind"], group["count"], group["gpus"]) == ("KIND_GPU", 2, [0, 1])
+    on_cpu = triton_config(
+        "fraud",
+        _deployed(
+            instance_count=1,
+            engine={"providers": ["cuda", "cpu"]},
+            instance_group={"count": 2, "kind": "KIND_CPU"},
+        ),
+    )
+    assert on_cpu["instance_group"][0]["kind"] == "KIND_CPU"
+    assert on_cpu["instance_group"][0]["count"] == 2
+    ours = pb.ModelConfigResponse(config=to_proto(per_gpu, mc.ModelConfig()))
+    theirs = triton_pb.ModelConfigResponse.FromString(ours.SerializeToString())
+    assert list(theirs.config.instance_group[0].gpus) == [0, 1]
+
+
 def test_config_message_decodes_as_tritons_model_config() -> None:
     doc = triton_config("fraud", _deployed())
     ours = pb.ModelConfigResponse(config=to_proto(doc, mc.ModelConfig()))

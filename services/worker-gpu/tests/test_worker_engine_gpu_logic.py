@@ -81,6 +81,18 @@ def test_version_that_allows_the_cpu_still_serves(fraud_dir: Path) -> None:
         eng.close()
 
 
+@pytest.mark.usefixtures("cuda_listed")
+def test_a_provider_failing_to_start_gives_way_to_the_next_listed(fraud_dir: Path) -> None:
+    # Opening with CUDA fails (the warning is an error here); the config lists the
+    # CPU next, so the engine opens the session on it, as the config allows.
+    eng = OnnxRuntimeEngine(fraud_dir / "model.onnx", EngineConfig(providers=["cuda", "cpu"]))
+    eng.load()
+    try:
+        assert eng.providers == ["CPUExecutionProvider"] and eng.device_kind == "cpu"
+    finally:
+        eng.close()
+
+
 def test_session_provider_check() -> None:
     cuda = ("CUDAExecutionProvider", {"device_id": "0"})
     got_cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -92,12 +104,11 @@ def test_session_provider_check() -> None:
     ]
     with pytest.raises(ProviderUnavailable, match="CUDA failure 100: no CUDA-capable device"):
         check_session_providers([cuda], ["CPUExecutionProvider"], cpu_allowed=False, why=why)
+    trt = ("TensorrtExecutionProvider", {"device_id": "0"})
+    # TensorRT did not start but CUDA, which the config also lists, did: it serves.
+    check_session_providers([trt, cuda], got_cuda, cpu_allowed=False)
     with pytest.raises(ProviderUnavailable, match="TensorrtExecutionProvider did not start"):
-        check_session_providers(
-            [("TensorrtExecutionProvider", {}), cuda],
-            ["CUDAExecutionProvider", "CPUExecutionProvider"],
-            cpu_allowed=False,
-        )
+        check_session_providers([trt], ["CPUExecutionProvider"], cpu_allowed=False)
 
 
 class BarrierEngine(OnnxRuntimeEngine):
@@ -206,3 +217,74 @@ def test_gpu_instances_are_placed_by_free_memory(fraud_config: ModelConfig) -> N
         raise AssertionError("a CPU version needs no GPU lookup")
 
     assert place_instances(fraud_config, no_lookup) == [None]
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["io-binding", "graph-padding"])
+def test_binding_logic_on_a_cpu_session(fraud_dir: Path, graphs: bool) -> None:
+    # The CUDA path's binding (buffers per shape, padding to the graph sizes, one
+    # binding per thread or one shared under a lock), on CPU buffers.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from inferbus_worker.engines.iobinding import CudaBinding
+
+    path = str(fraud_dir / "model.onnx")
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    binding = CudaBinding(
+        session,
+        0,
+        dtypes={"input": np.float32, "probabilities": np.float32},
+        batched=True,
+        cuda_graph=graphs,
+        batch_sizes=[1, 4, 32],
+        device="cpu",
+    )
+    assert binding.description == ("io-binding+cuda-graphs" if graphs else "io-binding")
+
+    def check(batch: int) -> None:
+        x = np.random.default_rng(batch).normal(size=(batch, 64)).astype(np.float32)
+        view = np.frombuffer(x.tobytes(), dtype=np.float32).reshape(batch, 64)
+        got = binding.run({"input": view}, ["probabilities"])["probabilities"]
+        assert got.shape == (batch, 2)
+        np.testing.assert_allclose(got, session.run(None, {"input": x})[0], rtol=1e-6)
+
+    for batch in (1, 3, 4, 32, 2, 3, 1):  # repeated shapes reuse their buffers
+        check(batch)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(check, [1, 2, 3, 4, 5, 6, 7, 8] * 4))
+    binding.close()
+
+
+def test_plan_instances_per_gpu(fraud_config: ModelConfig, tmp_path: Path) -> None:
+    from inferbus_worker.engines import TensorRTEngine
+
+    config = _with(
+        fraud_config,
+        file="model.plan",
+        engine={"kind": "tensorrt"},
+        instance_group={"count": 2, "gpus": [0, 1]},
+    )
+    eng = build_engine(config, tmp_path, trt_cache_dir=tmp_path / "trt")
+    assert isinstance(eng, EngineInstances)
+    plans = eng.instances
+    assert all(isinstance(p, TensorRTEngine) for p in plans)
+    assert [p.description for p in plans] == ["tensorrt[cuda:0]", "tensorrt[cuda:1]"]
+    assert config.instance_count == 4 and eng.device_kind == "gpu"
+
+
+def test_an_instance_taking_several_runs(fraud_dir: Path) -> None:
+    barrier = threading.Barrier(2, timeout=30)
+    sessions: list[object] = []
+    group = EngineInstances(
+        [BarrierEngine(fraud_dir / "model.onnx", barrier, sessions)], runs_each=2
+    )
+    group.load()
+    x = np.zeros((1, 64), np.float32)
+    threads = [
+        threading.Thread(target=group.run, args=({"input": x}, ["probabilities"])) for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    group.close()
+    assert not barrier.broken and len(sessions) == 2

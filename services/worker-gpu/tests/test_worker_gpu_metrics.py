@@ -48,3 +48,35 @@ def test_every_gpu_reports_utilisation_and_memory() -> None:
     for gpu in gpus:
         assert 0.0 <= samples[(UTILIZATION, gpu)] <= 1.0
         assert 0 < samples[(MEMORY_USED, gpu)] <= samples[(MEMORY_TOTAL, gpu)]
+
+
+class _NvmlGpus:
+    """NVML's answers for two GPUs (the collector's filtering is what is tested)."""
+
+    class NVMLError(Exception):
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUUID(self, handle: int) -> bytes:
+        return f"GPU-{handle}".encode()
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> object:
+        return type("Rates", (), {"gpu": 50})()
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> object:
+        return type("Memory", (), {"used": 1 << 30, "total": 8 << 30})()
+
+
+def test_only_the_gpus_the_worker_sees_are_exported() -> None:
+    from inferbus_worker.gpu import NvmlCollector
+
+    collector = NvmlCollector(_NvmlGpus(), {"GPU-1"})
+    assert collector.gpus == 1
+    labels = {tuple(sorted(s.labels.items())) for fam in collector.collect() for s in fam.samples}
+    assert labels == {(("gpu", "1"), ("uuid", "GPU-1"))}
+    assert NvmlCollector(_NvmlGpus()).gpus == 2

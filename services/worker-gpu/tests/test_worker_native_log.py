@@ -86,3 +86,18 @@ def test_native_levels(line: str, level: str) -> None:
     import logging
 
     assert logging.getLevelName(native_level(line)) == level
+
+
+def test_last_words_before_exit_are_not_lost() -> None:
+    child = (
+        "from inferbus_common.logs import setup_logging\n"
+        "from inferbus_worker.engines.nativelog import relay_native_logs\n"
+        "setup_logging('worker', 'INFO', 'json')\n"
+        "relay_native_logs()\n"
+        "raise SystemExit('bye: the last line')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 1
+    assert any("bye: the last line" in line for line in proc.stderr.splitlines()), proc.stderr

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import nats
+import pytest
 
 from inferbus_common.catalog import DeployedVersion, PoolSpec, Route, WorkerStatus, ensure_kv
 from inferbus_common.subjects import Subjects, subject_token
@@ -135,12 +136,19 @@ async def test_raising_the_quota_admits_a_waiting_worker(
 # --- the spec ----------------------------------------------------------------------
 
 
-def test_cuda_visible_devices_filters_the_gpus() -> None:
-    assert hostspec.visible(4, None) == [0, 1, 2, 3]
-    assert hostspec.visible(4, "") == []
-    assert hostspec.visible(4, "2,0") == [2, 0]
-    assert hostspec.visible(2, "0,5,1") == [0]  # CUDA stops at the first invalid index
-    assert len(hostspec.visible(1, "GPU-1234,GPU-5678")) == 2
+def test_cuda_visible_devices_filters_the_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferbus_common import gpus
+
+    host = [
+        gpus.GpuInfo(0, "GPU-aaa", "NVIDIA H200", 1 << 30, 1 << 30),
+        gpus.GpuInfo(1, "GPU-bbb", "NVIDIA H200", 1 << 30, 1 << 30),
+    ]
+    monkeypatch.setattr(gpus, "host_gpus", lambda: host)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    spec = hostspec.detect()
+    assert (spec.gpu_count, spec.gpu_type, spec.gpu_uuids) == (1, "NVIDIA H200", ("GPU-bbb",))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert hostspec.detect().gpu_uuids == ()
 
 
 def test_cgroup_limits_cap_cpus_and_memory(tmp_path: Path) -> None:

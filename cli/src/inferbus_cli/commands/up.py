@@ -32,6 +32,8 @@ from inferbus_cli.state import (
     save_state,
 )
 from inferbus_cli.supervisor import Child, Stack, StartupError, describe_exit
+from inferbus_common import gpus
+from inferbus_common.errors import InferbusError, InvalidArgument
 
 WATCH_INTERVAL_S = 0.2
 #: Log lines shown when a service fails or crashes.
@@ -56,6 +58,15 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         "nats_cluster": args.nats_cluster_port,
     }
     ports = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    workers, gpu_uuids = args.workers, ()
+    if getattr(args, "gpus", None):
+        if args.workers != 1:
+            raise InvalidArgument(
+                "--gpus starts one worker per GPU: leave --workers out (or use --workers "
+                "without --gpus)"
+            )
+        gpu_uuids = tuple(g.uuid for g in gpus.select_gpus(args.gpus, gpus.host_gpus()))
+        workers = len(gpu_uuids)
     return UpOptions(
         home=resolve_home(args.home),
         detached=args.detach,
@@ -67,7 +78,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
             bucket=args.s3_bucket,
             secure=args.s3_secure,
         ),
-        workers=args.workers,
+        workers=workers,
         ports=ports,
         redis=not args.no_redis,
         pool=args.pool,
@@ -75,6 +86,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         log_level=args.log_level,
         llm_python=None if getattr(args, "no_llm", False) else find_vllm_python(),
         nats_cluster=args.nats_cluster,
+        gpus=gpu_uuids,
     )
 
 
@@ -139,7 +151,11 @@ def _report_crash(child: Child) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the stack and supervise it; with ``-d`` the supervisor runs in the background."""
-    options = options_from_args(args)
+    try:
+        options = options_from_args(args)
+    except InferbusError as exc:
+        _err(f"error: {exc.message}")
+        return 1
     home = options.home
     try:
         previous = load_state(home)

@@ -188,6 +188,9 @@ class WorkerStatus(BaseModel):
     """GPU model name from NVML / nvidia-smi ('' = none)."""
     gpu_count: int = 0
     """GPUs visible to it (0 = none or unknown)."""
+    gpu_uuids: list[str] = Field(default_factory=list)
+    """UUIDs of those GPUs (empty: unknown): pools count a GPU that several workers
+    share once (`count_gpus`)."""
     joined_unix_ms: int = 0
     """When the worker started: pools admit workers in join order (oldest first)."""
     admitted: bool = True
@@ -221,6 +224,25 @@ POOL_STATES = ("open", "frozen")
 """Release states a pool can be in."""
 
 
+def new_gpus(worker: WorkerStatus, seen: set[str]) -> int:
+    """GPUs `worker` adds to those whose UUIDs are in `seen` (and adds its UUIDs to `seen`).
+
+    A worker that reports no UUIDs (an older worker, or nvidia-smi without
+    them) counts all its GPUs.
+    """
+    if not worker.gpu_uuids:
+        return worker.gpu_count
+    fresh = set(worker.gpu_uuids) - seen
+    seen.update(fresh)
+    return len(fresh)
+
+
+def count_gpus(workers: list[WorkerStatus]) -> int:
+    """Physical GPUs of `workers`: each UUID once, however many workers share it."""
+    seen: set[str] = set()
+    return sum(new_gpus(w, seen) for w in workers)
+
+
 def pool_admission(pool: str, workers: list[WorkerStatus], spec: PoolSpec | None) -> dict[str, str]:
     """Which live workers of `pool` its quota admits: worker id → '' or the reason it is out.
 
@@ -233,22 +255,25 @@ def pool_admission(pool: str, workers: list[WorkerStatus], spec: PoolSpec | None
     )
     out: dict[str, str] = {}
     count = gpus = 0
+    seen: set[str] = set()
     for w in members:
         reason = ""
+        # Only GPUs no admitted worker brought yet count (two workers on one GPU: one).
+        adds = new_gpus(w, set(seen))
         if spec is not None and spec.max_workers and count + 1 > spec.max_workers:
             reason = (
                 f"pool '{pool}' is full: max_workers {spec.max_workers} already admitted; "
                 f"raise it with `inferbus pools set {pool} --max-workers N` or stop a worker"
             )
-        elif spec is not None and spec.max_gpus and gpus + w.gpu_count > spec.max_gpus:
+        elif spec is not None and spec.max_gpus and gpus + adds > spec.max_gpus:
             reason = (
                 f"pool '{pool}' GPU quota exceeded: {gpus} of max_gpus {spec.max_gpus} in use, "
-                f"this worker has {w.gpu_count}; raise it with `inferbus pools set {pool} "
+                f"this worker has {adds} more; raise it with `inferbus pools set {pool} "
                 "--max-gpus N`"
             )
         if not reason:
             count += 1
-            gpus += w.gpu_count
+            gpus += new_gpus(w, seen)
         out[w.worker_id] = reason
     return out
 

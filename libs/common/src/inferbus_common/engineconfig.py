@@ -144,9 +144,10 @@ class EngineConfig(BaseModel):
     kind: Literal["onnxruntime", "tensorrt", "vllm"] = "onnxruntime"
     """``vllm``: a generative model served by the LLM worker (see `GenerationConfig`)."""
     providers: list[Literal["cpu", "cuda", "tensorrt"]] = Field(default_factory=lambda: ["cpu"])
-    """Execution providers in order of preference. Without ``cpu`` in the list the
-    version must get its first provider: a worker where it does not start (no
-    GPU, no CUDA libraries) refuses the version instead of computing on the CPU."""
+    """Execution providers in order of preference (one that does not start gives way
+    to the next). Without ``cpu`` in the list the version must get one of them: a
+    worker where none starts (no GPU, no CUDA libraries) refuses the version
+    instead of computing on the CPU."""
     intra_op_threads: int = Field(default=1, ge=0)
     inter_op_threads: int = Field(default=1, ge=0)
     cuda: CudaOptions | None = None

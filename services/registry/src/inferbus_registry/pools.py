@@ -30,6 +30,7 @@ from inferbus_common.catalog import (
     PoolSpec,
     Route,
     WorkerStatus,
+    count_gpus,
     ensure_kv,
     pool_admission,
 )
@@ -79,8 +80,8 @@ class PoolLedger:
 
     @property
     def total_gpus(self) -> int:
-        """Sum of the live workers' GPU counts."""
-        return sum(w.gpu_count for w in self.workers)
+        """Physical GPUs of the live workers (by UUID: a GPU shared by two workers is one)."""
+        return count_gpus(self.workers)
 
 
 class PoolBook:

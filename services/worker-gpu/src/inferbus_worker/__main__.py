@@ -22,8 +22,10 @@ def main() -> None:
     """Entry point: build settings once, set up logging, run the event loop."""
     settings = WorkerSettings()
     setup_logging("worker", settings.log_level, settings.log_format)
-    # ONNX Runtime and TensorRT write to fd 2 themselves: relay them as JSON lines.
-    relay_native_logs()
+    if settings.log_format == "json":
+        # ONNX Runtime and TensorRT write to fd 2 themselves: relay them as JSON lines
+        # (in the text format their lines are readable as they are).
+        relay_native_logs()
     tracing.setup_tracing("worker", settings, settings.instance_id)
     register_nvml_collector()
     try:

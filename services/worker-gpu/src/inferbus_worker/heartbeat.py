@@ -116,6 +116,7 @@ class Heartbeat:
             memory_bytes=self.spec.memory_bytes,
             gpu_type=self.spec.gpu_type,
             gpu_count=self.spec.gpu_count,
+            gpu_uuids=list(self.spec.gpu_uuids),
             joined_unix_ms=self.joined_unix_ms,
             admitted=not self.admission,
             reason=self.admission,

@@ -7,10 +7,9 @@ actually use, not the host's:
 * CPUs: the affinity mask, capped by a cgroup v2 CPU quota (``cpu.max``);
 * memory: the cgroup limit (v2 ``memory.max`` or v1 ``limit_in_bytes``) when
   lower than the host's RAM;
-* GPUs: NVML (``pynvml``) when it imports and finds a driver, else
-  ``nvidia-smi``; both filtered by ``CUDA_VISIBLE_DEVICES``, the CUDA
-  runtime's own contract for which devices a process sees. No GPU, no
-  driver: 0 and ''.
+* GPUs: `inferbus_common.gpus.process_gpus` (NVML, else ``nvidia-smi``,
+  filtered by ``CUDA_VISIBLE_DEVICES``, the CUDA runtime's own contract for
+  which devices a process sees), with their UUIDs. No GPU, no driver: 0 and ''.
 
 Detection runs once at start-up (in a thread: nvidia-smi may take a moment).
 """
@@ -21,10 +20,10 @@ import contextlib
 import logging
 import math
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from inferbus_common.gpus import process_gpus
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +38,8 @@ class HostSpec:
     memory_bytes: int = 0
     gpu_type: str = ""
     gpu_count: int = 0
+    gpu_uuids: tuple[str, ...] = ()
+    """The GPUs' UUIDs: the same GPU seen by two workers counts once in a pool."""
 
 
 def cpu_count(cgroup: Path = _CGROUP) -> int:
@@ -70,75 +71,15 @@ def memory_bytes(cgroup: Path = _CGROUP) -> int:
     return host
 
 
-def visible(indices: int, cuda_visible_devices: str | None) -> list[int]:
-    """Which of `indices` GPUs the CUDA runtime would show (``CUDA_VISIBLE_DEVICES``)."""
-    if cuda_visible_devices is None:
-        return list(range(indices))
-    out = []
-    for token in cuda_visible_devices.split(","):
-        token = token.strip()
-        if not token:
-            continue
-        if not token.isdigit():
-            # UUIDs or MIG names: count them, the order does not matter here.
-            out.append(len(out))
-            continue
-        if int(token) >= indices:
-            break  # CUDA stops at the first invalid index
-        out.append(int(token))
-    return out
-
-
-def _nvml_gpus() -> list[str] | None:
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        try:
-            names = []
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-                names.append(name.decode() if isinstance(name, bytes) else str(name))
-            return names
-        finally:
-            pynvml.nvmlShutdown()
-    except pynvml.NVMLError as exc:
-        log.debug("NVML unusable: %s", exc)
-        return None
-
-
-def _smi_gpus() -> list[str] | None:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.debug("nvidia-smi failed: %s", exc)
-        return None
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
 def detect() -> HostSpec:
     """The spec of this process (see module docstring); never raises."""
-    names = _nvml_gpus()
-    if names is None:
-        names = _smi_gpus() or []
-    shown = [names[i] for i in visible(len(names), os.environ.get("CUDA_VISIBLE_DEVICES"))]
-    types = sorted(set(shown))
+    shown = process_gpus()
     spec = HostSpec(
         cpus=cpu_count(),
         memory_bytes=memory_bytes(),
-        gpu_type=",".join(types),
+        gpu_type=",".join(sorted({g.name for g in shown})),
         gpu_count=len(shown),
+        gpu_uuids=tuple(g.uuid for g in shown),
     )
     log.info(
         "worker spec: %d cpus, %d MiB, %d x %s",

@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.datatypes import V2_TO_CONFIG
+from inferbus_common.engineconfig import instance_device_kind
 from inferbus_common.modelconfig import (
     ModelConfig,
     SequenceBatchingConfig,
@@ -35,8 +36,6 @@ from inferbus_common.modelstats import Duration, ModelStats
 
 _BACKENDS = {"onnxruntime": "onnxruntime", "tensorrt": "tensorrt", "vllm": "vllm"}
 """`EngineConfig.kind` → Triton backend name."""
-
-_GPU_PROVIDERS = frozenset({"cuda", "tensorrt"})
 
 
 def _dims(spec: TensorSpec, batched: bool) -> list[int]:
@@ -67,9 +66,9 @@ def _output(spec: TensorSpec, batched: bool, label_filename: str) -> dict[str, A
 
 
 def _instance_kind(config: ModelConfig) -> str:
-    if config.engine.kind == "tensorrt" or config.engine.providers[0] in _GPU_PROVIDERS:
-        return "KIND_GPU"
-    return "KIND_CPU"
+    # A version that lists no 'cpu' provider never computes on the CPU: a worker
+    # whose GPU provider does not start refuses it (FAILED_PRECONDITION).
+    return "KIND_GPU" if instance_device_kind(config) == "gpu" else "KIND_CPU"
 
 
 def _dynamic_batching(config: ModelConfig) -> dict[str, Any]:
@@ -152,6 +151,7 @@ def triton_config(name: str, dv: DeployedVersion) -> dict[str, Any]:
     the version's pool runs that many executions at once.
     """
     config = dv.config
+    group = config.instance_group
     batched = config.max_batch_size > 0
     doc: dict[str, Any] = {
         "name": name,
@@ -164,8 +164,9 @@ def triton_config(name: str, dv: DeployedVersion) -> dict[str, Any]:
             {
                 "name": f"{name}_0",
                 "kind": _instance_kind(config),
-                "count": config.instance_count,
-                "gpus": [],
+                # Triton's count is per GPU listed (config.instance_count is the total).
+                "count": group.count if group is not None else config.instance_count,
+                "gpus": list(group.gpus) if group is not None else [],
                 "profile": [],
                 "passive": False,
                 "host_policy": "",

@@ -63,7 +63,8 @@ def build_engine(
             device = group.gpus[0] if group is not None and group.gpus else trt_device
             return TensorRTEngine(path, instance_count=config.instance_count, device=device)
         return EngineInstances(
-            [TensorRTEngine(path, instance_count=group.count, device=g) for g in group.gpus]
+            [TensorRTEngine(path, instance_count=group.count, device=g) for g in group.gpus],
+            runs_each=group.count,
         )
     batched = config.max_batch_size > 0
     sizes = warmup_batch_sizes(config)

@@ -22,13 +22,15 @@ class PermanentEngineError(EngineError):
     INTERNAL at once, never retried."""
 
 
-class ProviderUnavailable(FailedPrecondition):
+class ProviderUnavailable(FailedPrecondition, EngineError):
     """A version that may not compute on the CPU did not get its GPU provider here
     (no visible GPU, CUDA libraries missing, TensorRT failing to start).
 
-    A load failure that retrying on this worker cannot fix: the version's
-    state becomes ``failed permanently: <this text>`` and clients get
-    FAILED_PRECONDITION naming it, instead of answers computed on the CPU.
+    A load failure that retrying on this worker cannot fix: its code is
+    FAILED_PRECONDITION (first in the MRO), so the version's state becomes
+    ``failed permanently: <this text>`` and clients get FAILED_PRECONDITION
+    naming it, instead of answers computed on the CPU. Still an `EngineError`
+    for code that catches any engine failure.
     """
 
 

@@ -25,12 +25,15 @@ class EngineInstances:
 
     Args:
         instances: the engines, not loaded yet (built with their own device).
+        runs_each: concurrent runs each engine takes (a TensorRT engine with
+            ``count`` execution contexts of its own takes ``count``).
     """
 
-    def __init__(self, instances: Sequence[Engine]) -> None:
+    def __init__(self, instances: Sequence[Engine], *, runs_each: int = 1) -> None:
         if not instances:
             raise ValueError("an instance group needs at least one instance")
         self._instances = list(instances)
+        self._runs_each = runs_each
         self._free: queue.SimpleQueue[Engine] = queue.SimpleQueue()
         self._loaded = False
 
@@ -62,8 +65,9 @@ class EngineInstances:
             for engine in loaded:
                 engine.close()
             raise
-        for engine in self._instances:
-            self._free.put(engine)
+        for _ in range(self._runs_each):
+            for engine in self._instances:
+                self._free.put(engine)
         self._loaded = True
 
     def warmup(self, batch_sizes: Sequence[int]) -> None:

@@ -38,8 +38,11 @@ from typing import Any
 
 import numpy as np
 
+from inferbus_worker.engines.base import EngineError
+
 _MAX_SHAPES = 64
-"""Input shapes whose buffers a thread keeps (without graphs; the oldest go first)."""
+"""Input shapes whose buffers a thread keeps (without graphs the oldest go first; with
+graphs, shapes beyond it run without a graph)."""
 
 
 @dataclass(slots=True)
@@ -62,6 +65,8 @@ class CudaBinding:
         batched: the model's axis 0 is the batch axis.
         cuda_graph: the session was opened with ``enable_cuda_graph``.
         batch_sizes: the sizes graphs are captured for (batches are padded up to them).
+        device: where the buffers live: ``cuda``; ``cpu`` runs the same binding
+            logic on a CPU session (how machines without a GPU test it).
     """
 
     def __init__(
@@ -73,12 +78,14 @@ class CudaBinding:
         batched: bool,
         cuda_graph: bool = False,
         batch_sizes: Sequence[int] = (),
+        device: str = "cuda",
     ) -> None:
         import onnxruntime as ort
 
         self._ort = ort
         self._session = session
         self._device = device_id
+        self._kind = device
         self._dtypes = dict(dtypes)
         self._graph = cuda_graph
         self._batched = batched
@@ -113,7 +120,11 @@ class CudaBinding:
         if self._graph:
             with self._graph_lock:
                 bound = self._shared.get(key)
-                if bound is None:
+                if bound is None and len(self._shared) >= _MAX_SHAPES:
+                    # Captured graphs pin their buffers: past the bound, shapes run
+                    # without a graph on buffers of their own, not kept.
+                    bound = self._bind(arrays, output_names, graph=False)
+                elif bound is None:
                     graph = padded in self._buckets or not self._buckets
                     bound = self._bind(arrays, output_names, graph=graph)
                     self._shared[key] = bound
@@ -138,19 +149,24 @@ class CudaBinding:
         bound = _Bound(binding=self._session.io_binding(), outputs=list(output_names))
         for name, arr in arrays.items():
             value = ort.OrtValue.ortvalue_from_shape_and_type(
-                list(arr.shape), arr.dtype.type, "cuda", self._device
+                list(arr.shape), arr.dtype.type, self._kind, self._device
             )
             bound.inputs[name] = value
             bound.binding.bind_ortvalue_input(name, value)
         rows = next(iter(arrays.values())).shape[0] if self._batched and arrays else None
         for name in output_names:
             shape = _static_shape(self._out_shapes[name], rows)
+            if shape is None and graph:
+                raise EngineError(
+                    f"enable_cuda_graph: output '{name}' has a shape the model does not fix "
+                    f"({self._out_shapes[name]}); a CUDA graph writes to fixed buffers"
+                )
             if shape is None:
                 # Shape known only after the run: ONNX Runtime allocates it on the device.
-                bound.binding.bind_output(name, "cuda", self._device)
+                bound.binding.bind_output(name, self._kind, self._device)
                 continue
             value = ort.OrtValue.ortvalue_from_shape_and_type(
-                shape, self._dtypes[name], "cuda", self._device
+                shape, self._dtypes[name], self._kind, self._device
             )
             bound.binding.bind_ortvalue_output(name, value)
         if graph:

@@ -19,6 +19,7 @@ quote the provider's own words (why CUDA did not start).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import os
@@ -171,6 +172,12 @@ RELAY = NativeLogRelay()
 
 
 def relay_native_logs() -> NativeLogRelay:
-    """Start relaying fd 2 through the JSON logger (once per process)."""
-    RELAY.start()
+    """Start relaying fd 2 through the JSON logger (once per process).
+
+    At exit the relay gives fd 2 back after draining the pipe, so what the
+    interpreter writes last (an uncaught exception's traceback) is not lost.
+    """
+    if not RELAY.running:
+        RELAY.start()
+        atexit.register(RELAY.stop)
     return RELAY

@@ -105,27 +105,38 @@ def choose_providers(
 def check_session_providers(
     asked: Sequence[Provider], got: Sequence[str], *, cpu_allowed: bool, why: Sequence[str] = ()
 ) -> None:
-    """Refuse a session that did not get the provider asked for first, unless CPU is allowed.
+    """Refuse a session that computes on a provider the config did not ask for.
 
     ONNX Runtime drops a provider that cannot start (no visible GPU, CUDA
     libraries not found) with a warning and computes on the CPU; a version
-    whose config leaves ``cpu`` out must not be served that way.
+    whose config leaves ``cpu`` out must not be served that way. A session
+    that got a later provider of the config's list (TensorRT did not start,
+    CUDA did) serves, with a warning naming the one that did not start.
 
     Args:
         asked: the providers the session was opened with, in order.
         got: what the session reports (``get_providers()``).
         cpu_allowed: the config lists ``cpu``: any outcome is acceptable.
-        why: ONNX Runtime's own warnings from opening the session.
+        why: ONNX Runtime's own log lines from opening the session.
 
     Raises:
-        ProviderUnavailable: the first provider asked for is not the first one got.
+        ProviderUnavailable: the session's first provider is none the config asked for.
     """
-    if cpu_allowed or not asked:
+    if not asked:
         return
-    first = provider_name(asked[0])
+    names = [provider_name(p) for p in asked]
+    reason = " | ".join(" ".join(w.split()) for w in why if w.strip())
+    first = names[0]
     if got and got[0] == first:
         return
-    reason = " | ".join(" ".join(w.split()) for w in why if w.strip())
+    if cpu_allowed or (got and got[0] in names):
+        log.warning(
+            "execution provider %s did not start; the session runs on %s%s",
+            first,
+            list(got),
+            f": {reason[:1500]}" if reason else "",
+        )
+        return
     raise ProviderUnavailable(
         f"execution provider {first} did not start (the session got {list(got)}), and the "
         "config does not allow the CPU (no 'cpu' in engine.providers)"
@@ -236,22 +247,37 @@ class OnnxRuntimeEngine:
         # say why a provider did not start or which nodes fell back to the CPU.
         opts.log_severity_level = 2
         mark = RELAY.mark()
-        try:
-            # No fallback: ONNX Runtime would otherwise retry on the CPU alone when a
-            # provider fails to start (and print why to stdout).
-            session = ort.InferenceSession(
-                str(self._path), opts, providers=providers, enable_fallback=0
-            )
-        # ORT raises its own exception classes for bad files (CancelledError is no Exception).
-        except Exception as exc:
-            if not cpu_allowed and _mentions_device(exc):
-                raise ProviderUnavailable(
-                    f"execution provider {provider_name(providers[0])} failed to start "
-                    f"for {self._path.name}: {_one_line(exc)[:1500]}"
-                ) from exc
-            raise EngineError(f"cannot load {self._path.name}: {exc}") from exc
+        asked = list(providers)
+        while True:
+            try:
+                # ONNX Runtime's own fallback is off: it would retry on the CPU alone
+                # (whatever the config allows) and print why to stdout.
+                session = ort.InferenceSession(
+                    str(self._path), opts, providers=providers, enable_fallback=0
+                )
+                break
+            # ORT raises its own exception classes (CancelledError is no Exception).
+            except Exception as exc:
+                failed = provider_name(providers[0])
+                if _mentions_device(exc) and len(providers) > 1:
+                    # The next provider the config lists (the CPU only when listed).
+                    log.warning(
+                        "execution provider %s failed to start for %s, trying %s: %s",
+                        failed,
+                        self._path.name,
+                        provider_name(providers[1]),
+                        _one_line(exc)[:1500],
+                    )
+                    providers = providers[1:]
+                    continue
+                if not cpu_allowed and _mentions_device(exc):
+                    raise ProviderUnavailable(
+                        f"execution provider {failed} failed to start for "
+                        f"{self._path.name}: {_one_line(exc)[:1500]}"
+                    ) from exc
+                raise EngineError(f"cannot load {self._path.name}: {exc}") from exc
         check_session_providers(
-            providers,
+            asked,
             session.get_providers(),
             cpu_allowed=cpu_allowed,
             why=RELAY.lines_since(mark),
@@ -309,7 +335,13 @@ class OnnxRuntimeEngine:
                     arr.fill("0")
                 feeds[meta.name] = arr
             try:
-                self._session.run(None, feeds)
+                if self._binding is not None:
+                    # Through the binding: it allocates its buffers (and with CUDA
+                    # graphs captures the graph) for each size here, not on a request.
+                    outputs = [m.name for m in self._session.get_outputs()]
+                    self._binding.run(feeds, outputs)
+                else:
+                    self._session.run(None, feeds)
             # ORT raises its own exception classes (CancelledError is no Exception).
             except Exception as exc:
                 if not self._string_inputs:
