@@ -12,9 +12,13 @@ import argparse
 import asyncio
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from inferbus_cli.plan import redis_url
 from inferbus_cli.state import load_state, resolve_home
+
+if TYPE_CHECKING:
+    from inferbus_common.admission.limits import Scope
 
 
 def redis_target(args: argparse.Namespace) -> str:
@@ -64,7 +68,7 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scope(name: str) -> object:
+def _scope(name: str) -> Scope:
     from inferbus_common.admission.limits import Scope
 
     for scope in Scope:

@@ -153,7 +153,7 @@ def _size(parts: Sequence[Buffer]) -> int:
 def _attach_frames(
     view: memoryview,
     offset: int,
-    items: Sequence[BundledRequest] | Sequence[BundledReply],
+    items: Sequence[BundledRequest | BundledReply],
     lengths: Sequence[int],
     what: str,
 ) -> None:

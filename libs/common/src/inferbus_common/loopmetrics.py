@@ -16,6 +16,7 @@ from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
 from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.registry import Collector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -27,7 +28,7 @@ from prometheus_client.utils import floatToGoString
 _DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 
 
-class _Family:
+class _Family(Collector):
     """Children per label values, registered once in a registry."""
 
     def __init__(
@@ -170,7 +171,8 @@ class LoopHistogram(_Family):
         if list(bounds) != sorted(set(bounds)):
             raise ValueError(f"{name}: buckets must be increasing")
         self._bounds = bounds
-        self._labels_le = [floatToGoString(b) for b in bounds] + ["+Inf"]
+        # prometheus_client leaves floatToGoString unannotated.
+        self._labels_le = [floatToGoString(b) for b in bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
         super().__init__(name, documentation, labelnames, registry)
         self._unlabelled = _HistogramChild(bounds) if not self.labelnames else None
 

@@ -38,6 +38,7 @@ from inferbus_common.errors import FailedPrecondition, InferbusError, StatusCode
 from inferbus_common.grpcauth import read_secret
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.modelstats import ModelStats
+from inferbus_common.settings import NatsAuth
 from inferbus_common.signing import SignatureError, parse_trusted_keys, signed_payload, verify
 from inferbus_common.subjects import Subjects
 from inferbus_worker.artifacts import ArtifactCache, DigestMismatch
@@ -71,7 +72,7 @@ class HostSettings(Protocol):
     load_retry_s: float
     unload_grace_s: float
 
-    def nats_auth(self) -> dict[str, object]:
+    def nats_auth(self) -> NatsAuth:
         """NATS credentials."""
         ...
 

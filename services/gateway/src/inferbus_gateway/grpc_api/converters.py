@@ -129,8 +129,10 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
             priority = v
         elif v > 0:
             # Triton's convention: the request parameter "timeout" is in microseconds.
-            t = v / 1e6
-            timeout_override = t if timeout_override is None else min(t, timeout_override)
+            timeout_s = v / 1e6
+            timeout_override = (
+                timeout_s if timeout_override is None else min(timeout_s, timeout_override)
+            )
     outputs = []
     classification: dict[str, int] = {}
     shm_outputs = {}
