@@ -108,11 +108,10 @@ class RegistryClient:
             collect_files, Path(path), None, validate=False
         )
         messages = push_messages(name, version, config_json, list(aliases), files)
-        sentinel = object()
 
         async def stream() -> AsyncIterator[registry_pb2.PushChunk]:
-            while (msg := await asyncio.to_thread(next, messages, sentinel)) is not sentinel:
-                yield msg  # type: ignore[misc]
+            while (msg := await asyncio.to_thread(next, messages, None)) is not None:
+                yield msg
 
         try:
             return await self._stub.PushVersion(stream(), timeout=timeout_s)

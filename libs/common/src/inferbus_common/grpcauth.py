@@ -66,16 +66,24 @@ class _SyncInterceptor(
     def __init__(self, token: str) -> None:
         self._token = token
 
-    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+    def intercept_unary_unary(
+        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any
+    ) -> Any:
         return continuation(_with_token(details, self._token), request)
 
-    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+    def intercept_unary_stream(
+        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any
+    ) -> Any:
         return continuation(_with_token(details, self._token), request)
 
-    def intercept_stream_unary(self, continuation, details, iterator):  # type: ignore[no-untyped-def]
+    def intercept_stream_unary(
+        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, iterator: Any
+    ) -> Any:
         return continuation(_with_token(details, self._token), iterator)
 
-    def intercept_stream_stream(self, continuation, details, iterator):  # type: ignore[no-untyped-def]
+    def intercept_stream_stream(
+        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, iterator: Any
+    ) -> Any:
         return continuation(_with_token(details, self._token), iterator)
 
 
@@ -83,7 +91,12 @@ class _AioUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
     def __init__(self, token: str) -> None:
         self._token = token
 
-    async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[..., Any],
+        details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
         return await continuation(_with_token(details, self._token), request)
 
 
@@ -91,7 +104,12 @@ class _AioUnaryStream(grpc.aio.UnaryStreamClientInterceptor):
     def __init__(self, token: str) -> None:
         self._token = token
 
-    async def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+    async def intercept_unary_stream(
+        self,
+        continuation: Callable[..., Any],
+        details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
         return await continuation(_with_token(details, self._token), request)
 
 
@@ -99,7 +117,12 @@ class _AioStreamUnary(grpc.aio.StreamUnaryClientInterceptor):
     def __init__(self, token: str) -> None:
         self._token = token
 
-    async def intercept_stream_unary(self, continuation, details, iterator):  # type: ignore[no-untyped-def]
+    async def intercept_stream_unary(
+        self,
+        continuation: Callable[..., Any],
+        details: grpc.aio.ClientCallDetails,
+        iterator: Any,
+    ) -> Any:
         return await continuation(_with_token(details, self._token), iterator)
 
 

@@ -22,8 +22,8 @@ import logging
 import re
 import sys
 import time
-from typing import TextIO
 from collections.abc import Iterator
+from typing import TextIO
 
 import orjson
 

@@ -702,8 +702,9 @@ async def _data_path_leaders(cluster: NatsCluster, stream: str) -> tuple[str, se
     finally:
         await nc.close()
     assert info.cluster is not None and info.cluster.leader
-    leaders = {info.cluster.leader} | {c.cluster.leader for c in consumers if c.cluster}
-    return info.cluster.leader, leaders - {None, ""}
+    leaders = {info.cluster.leader}
+    leaders.update(c.cluster.leader for c in consumers if c.cluster and c.cluster.leader)
+    return info.cluster.leader, leaders
 
 
 async def _kill_node(stack: ChaosStack, *, leader: bool) -> None:

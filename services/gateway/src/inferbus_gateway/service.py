@@ -224,7 +224,7 @@ class InferenceService:
             return False, "catalog not loaded yet"
         return True, "ok"
 
-    def server_metadata(self) -> dict[str, object]:
+    def server_metadata(self) -> dict[str, Any]:
         """Name, version and extensions."""
         return {"name": self.server_name, "version": self.version, "extensions": SERVER_EXTENSIONS}
 
@@ -257,7 +257,7 @@ class InferenceService:
             return False
         return self._catalog.version_state(dv.model, dv.version) == "ready"
 
-    def model_metadata(self, model: str, version: str = "") -> dict[str, object]:
+    def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
         """KServe V2 model metadata.
 
         Raises:

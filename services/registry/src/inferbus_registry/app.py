@@ -148,7 +148,7 @@ class RegistryApp:
                 self._republished = False
                 try:
                     await publisher.republish_all(self.repo)
-                except (*NATS_ERRORS, InferbusError) as exc:
+                except NATS_ERRORS + (InferbusError,) as exc:
                     log.warning("republishing the catalog after a reconnect failed: %s", exc)
                     continue  # try again on the next round
                 seen_reconnects = reconnects

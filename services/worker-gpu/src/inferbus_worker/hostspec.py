@@ -74,7 +74,7 @@ def visible(indices: int, cuda_visible_devices: str | None) -> list[int]:
     """Which of `indices` GPUs the CUDA runtime would show (``CUDA_VISIBLE_DEVICES``)."""
     if cuda_visible_devices is None:
         return list(range(indices))
-    out = []
+    out: list[int] = []
     for token in cuda_visible_devices.split(","):
         token = token.strip()
         if not token:

@@ -409,7 +409,7 @@ class ModelRunner:
                 current[0].append((msg, batch))
                 open_groups[key] = (current[0], current[1] + rows)
             else:
-                group = [(msg, batch)]
+                group: list[tuple[Msg, MicroBatch | None]] = [(msg, batch)]
                 groups.append(group)
                 open_groups[key] = (group, rows)
         return groups
