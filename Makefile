@@ -1,7 +1,7 @@
 # inferbus: build images, test, lint, run the compose stack.
 #
 #   make images [VERSION=0.1.0] [REGISTRY=inferbus] [PUSH=1]
-#   make test | make lint
+#   make test | make lint        (lint: ruff check, ruff format --check, mypy)
 #   make up | make down          (compose/docker-compose.yml, secrets in compose/.env)
 #   make secrets && make up SECURE=1   (NATS users, Redis password, registry tokens,
 #                                       gateway TLS: compose/docker-compose.secure.yml)
@@ -58,9 +58,10 @@ $(addprefix image-,$(IMAGES)): image-%:
 test:  ## run the whole test suite
 	uv run pytest
 
-lint:  ## ruff check and format check
+lint:  ## ruff check, format check and mypy (what scripts/test.sh runs before pytest)
 	uv run ruff check .
 	uv run ruff format --check .
+	uv run mypy
 
 # The compose file reads images as $INFERBUS_IMAGE_REPO/<service>:$INFERBUS_VERSION;
 # the environment given here wins over compose/.env, so `up` runs what `images` built.
