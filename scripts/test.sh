@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install what is missing (scripts/bootstrap.sh, scripts/bootstrap-llm.sh,
-# scripts/install-perf-analyzer.sh, scripts/bootstrap-containers.sh), then run the
-# whole test suite.
+# scripts/install-perf-analyzer.sh, scripts/bootstrap-containers.sh), check the
+# code (ruff check, ruff format --check, mypy on the production code), then run
+# the whole test suite.
 #
 #   scripts/test.sh [pytest arguments...]      e.g. scripts/test.sh -x -k catalog
 #
-# Works without a TTY (CI=true). Exits with pytest's exit code; set
-# INFERBUS_SKIP_BOOTSTRAP=1 to skip the install step.
+# Works without a TTY (CI=true). A failed check stops before pytest (exit 1);
+# otherwise exits with pytest's exit code. Set INFERBUS_SKIP_BOOTSTRAP=1 to skip
+# the install step, INFERBUS_SKIP_CHECKS=1 to skip the checks (a quick local run).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -35,6 +37,25 @@ if [[ "${INFERBUS_SKIP_BOOTSTRAP:-0}" != "1" ]]; then
     # present). Without them those tests skip, so a failed install is loud, not fatal.
     if ! bash scripts/bootstrap-containers.sh; then
         echo "[test] WARNING: scripts/bootstrap-containers.sh failed; the container tests will be SKIPPED" >&2
+    fi
+fi
+
+# Static checks, each on the whole tree (config in pyproject.toml). All three run
+# so that one report shows every failure; any failure stops before pytest.
+if [[ "${INFERBUS_SKIP_CHECKS:-0}" != "1" ]]; then
+    failed=()
+    echo "[test] ruff check" >&2
+    uv run --frozen ruff check . || failed+=("ruff check (fix: uv run ruff check --fix .)")
+    echo "[test] ruff format --check" >&2
+    uv run --frozen ruff format --check . || failed+=("ruff format (fix: uv run ruff format .)")
+    echo "[test] mypy (production code; strict on libs/common, libs/client)" >&2
+    start=$SECONDS
+    uv run --frozen mypy || failed+=("mypy (run: uv run mypy)")
+    echo "[test] mypy took $((SECONDS - start)) s" >&2
+    if ((${#failed[@]})); then
+        printf '[test] FAILED: %s\n' "${failed[@]}" >&2
+        echo "[test] static checks failed; pytest not run" >&2
+        exit 1
     fi
 fi
 

@@ -7,8 +7,12 @@ here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
 python=${PYTHON:-python}
 mapfile -t protos < <(cd protos && find . -name '*.proto' | sed 's|^\./||' | sort)
+# Typed stubs of the gRPC service classes (`_pb2_grpc.pyi`, for mypy) come from
+# mypy-protobuf's plugin, installed beside the interpreter (the dev group).
+plugin="$(dirname "$("$python" -c 'import sys; print(sys.executable)')")/protoc-gen-mypy_grpc"
 "$python" -m grpc_tools.protoc -I protos \
-  --python_out=src --grpc_python_out=src --pyi_out=src "${protos[@]}"
+  --python_out=src --grpc_python_out=src --pyi_out=src \
+  --plugin=protoc-gen-mypy_grpc="$plugin" --mypy_grpc_out=src "${protos[@]}"
 "$python" isolate_pool.py src
 for d in $(cd protos && find . -mindepth 1 -type d | sed 's|^\./||'); do
   touch "src/$d/__init__.py"

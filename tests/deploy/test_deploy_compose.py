@@ -1,6 +1,6 @@
 """compose/docker-compose.yml and the offline override (docker-compose.local.yml),
-checked offline with Docker Compose v2 (`config`); the Dockerfiles' shared
-shape. tests/containers runs them for real."""
+checked offline with Docker Compose v2 (`config`); the service Dockerfile
+template's shape. tests/containers runs them for real."""
 
 from __future__ import annotations
 
@@ -21,12 +21,23 @@ LOCAL_COMPOSE_FILE = COMPOSE_DIR / "docker-compose.local.yml"
 SECURE_COMPOSE_FILE = COMPOSE_DIR / "docker-compose.secure.yml"
 ENV_EXAMPLE = COMPOSE_DIR / ".env.example"
 NATS_NODES = ("nats-1", "nats-2", "nats-3")
-SERVICE_DOCKERFILES = {
-    "gateway": "services/gateway/Dockerfile",
-    "router": "services/router/Dockerfile",
-    "batcher": "services/batcher/Dockerfile",
-    "registry": "services/registry/Dockerfile",
-    "worker": "services/worker-gpu/Dockerfile",
+SERVICE_TEMPLATE = "services/Dockerfile"
+"""The one Dockerfile of the five Python services (build argument SERVICE)."""
+# Compose service -> the template's SERVICE (its directory under services/).
+TEMPLATE_SERVICES = {
+    "gateway": "gateway",
+    "router": "router",
+    "batcher": "batcher",
+    "registry": "registry",
+    "worker-cpu": "worker-gpu",
+}
+# SERVICE -> the module its image runs and the port its health check probes.
+SERVICE_ENTRIES = {
+    "gateway": ("inferbus_gateway", 8002),
+    "router": ("inferbus_router", 8012),
+    "batcher": ("inferbus_batcher", 8022),
+    "registry": ("inferbus_registry", 8042),
+    "worker-gpu": ("inferbus_worker", 8032),
 }
 
 INFERBUS_SERVICES = (
@@ -97,7 +108,12 @@ def test_services_build_from_their_dockerfile_with_version_args(
     assert Path(build["context"]) == REPO, "build context must be the repository root"
     dockerfile = Path(build["context"]) / build["dockerfile"]
     assert dockerfile.is_file(), dockerfile
-    assert set(build["args"]) == {"VERSION", "GIT_COMMIT"}
+    if name in TEMPLATE_SERVICES:
+        assert build["dockerfile"] == SERVICE_TEMPLATE, name
+        assert build["args"]["SERVICE"] == TEMPLATE_SERVICES[name]
+        assert set(build["args"]) == {"VERSION", "GIT_COMMIT", "SERVICE"}
+    else:
+        assert set(build["args"]) == {"VERSION", "GIT_COMMIT"}
 
 
 @pytest.mark.parametrize("name", INFERBUS_SERVICES)
@@ -363,27 +379,60 @@ def _load_compose_yaml(path: Path) -> dict[str, Any]:
     return yaml.load(path.read_text(), Loader=_ComposeLoader)
 
 
-@pytest.mark.parametrize("image", sorted(SERVICE_DOCKERFILES))
-def test_dockerfiles_take_the_base_image_as_a_build_argument(image: str) -> None:
-    text = (REPO / SERVICE_DOCKERFILES[image]).read_text()
-    froms = [line for line in text.splitlines() if line.startswith("FROM ")]
-    assert "ARG BASE_IMAGE=python:3.11-slim" in text
-    assert froms == ["FROM ${BASE_IMAGE} AS build", "FROM ${BASE_IMAGE}"]
-    assert 'CMD ["python", "-m", "inferbus_common.probe",' in text
+def _template_stages() -> dict[str, list[str]]:
+    """The template's instructions per stage (continuation lines joined, comments dropped)."""
+    joined = re.sub(r"\\\n\s*", " ", (REPO / SERVICE_TEMPLATE).read_text())
+    stages: dict[str, list[str]] = {"": []}
+    current = ""
+    for line in (ln.strip() for ln in joined.splitlines()):
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("FROM "):
+            current = line
+            stages[current] = []
+        stages[current].append(line)
+    return stages
 
 
-def test_dockerfiles_share_the_dependency_layer() -> None:
-    """Up to the dependency install, the five Dockerfiles are the same steps, so a
-    builder installs the locked dependencies once and every image reuses the layer."""
+def test_template_takes_the_base_image_and_the_service_as_build_arguments() -> None:
+    stages = _template_stages()
+    assert stages[""] == ["ARG BASE_IMAGE=python:3.11-slim", "ARG SERVICE"]
+    assert list(stages)[1:3] == ["FROM ${BASE_IMAGE} AS build", "FROM ${BASE_IMAGE} AS runtime"]
+    # The image is the stage named by SERVICE, labelled last.
+    assert list(stages)[-1] == "FROM ${SERVICE}"
+    build = stages["FROM ${BASE_IMAGE} AS build"]
+    assert "COPY services/${SERVICE} services/${SERVICE}" in build
+    assert any('--package "inferbus-${SERVICE}"' in step for step in build)
 
-    def steps(text: str) -> list[str]:
-        # Instructions (continuation lines joined, comments dropped) up to the
-        # first workspace sync.
-        joined = re.sub(r"\\\n\s*", " ", text)
-        lines = [ln.strip() for ln in joined.splitlines() if ln.strip() and ln[0] != "#"]
-        end = next(i for i, ln in enumerate(lines) if "--no-install-workspace" in ln)
-        return lines[: end + 1]
 
-    first, *others = (steps((REPO / f).read_text()) for f in SERVICE_DOCKERFILES.values())
-    assert all(s == first for s in others)
-    assert any("--mount=type=cache" in s for s in first)
+@pytest.mark.parametrize("service", sorted(SERVICE_ENTRIES))
+def test_template_has_a_non_root_stage_per_service(service: str) -> None:
+    """Each service's stage starts from the shared runtime, runs as uid 10001 and
+    probes its own /healthz; its directory is a workspace member."""
+    module, port = SERVICE_ENTRIES[service]
+    stage = _template_stages()[f"FROM runtime AS {service}"]
+    assert "USER 10001" in stage
+    assert stage[-1] == f'ENTRYPOINT ["python", "-m", "{module}"]'
+    probe = f'"python", "-m", "inferbus_common.probe", "http://127.0.0.1:{port}/healthz"]'
+    assert any(step.startswith("HEALTHCHECK") and step.endswith(probe) for step in stage)
+    assert (REPO / "services" / service / "pyproject.toml").is_file()
+    # Nothing after USER runs as root: only metadata follows it.
+    after = stage[stage.index("USER 10001") + 1 :]
+    assert not any(step.startswith(("RUN", "COPY", "ADD")) for step in after), after
+
+
+def test_template_installs_the_dependencies_before_any_service_source() -> None:
+    """The dependency layer does not depend on SERVICE, so a builder installs the
+    locked dependencies once and every image reuses the layer."""
+    build = _template_stages()["FROM ${BASE_IMAGE} AS build"]
+    end = next(i for i, step in enumerate(build) if "--no-install-workspace" in step)
+    assert "--mount=type=cache" in build[end]
+    assert not any("SERVICE" in step for step in build[: end + 1])
+
+
+def test_runtime_stage_copies_only_the_virtualenv_and_adds_the_user() -> None:
+    runtime = _template_stages()["FROM ${BASE_IMAGE} AS runtime"]
+    assert "RUN useradd --system --uid 10001 --home /nonexistent inferbus" in runtime
+    assert [s for s in runtime if s.startswith("COPY")] == [
+        "COPY --from=build /src/.venv /app/.venv"
+    ]

@@ -49,11 +49,32 @@ def _builds() -> dict[str, str]:
 
 def test_images_builds_every_service_dockerfile() -> None:
     builds = _builds()
-    dockerfiles = {str(p.relative_to(REPO)) for p in (REPO / "services").glob("*/Dockerfile*")}
+    dockerfiles = {str(p.relative_to(REPO)) for p in (REPO / "services").glob("**/Dockerfile*")}
     assert set(builds.values()) == dockerfiles
-    assert builds["example/ib/worker:9.9.9"] == "services/worker-gpu/Dockerfile"
+    for image in ("gateway", "router", "batcher", "registry", "worker"):
+        assert builds[f"example/ib/{image}:9.9.9"] == "services/Dockerfile"
     assert builds["example/ib/worker-gpu:9.9.9"] == "services/worker-gpu/Dockerfile.gpu"
     assert builds["example/ib/worker-llm:9.9.9"] == "services/worker-gpu/Dockerfile.llm"
+
+
+def test_template_builds_pass_the_service_directory() -> None:
+    out = _make_dry_run("images", "VERSION=9.9.9", "GIT_COMMIT=abc1234", "REGISTRY=example/ib")
+    services = {}
+    for command in out.replace("\\\n", " ").splitlines():
+        if " build " in command:
+            tag = re.search(r"-t example/ib/(\S+):9\.9\.9", command)
+            service = re.search(r"--build-arg SERVICE=(\S+)", command)
+            assert tag, command
+            services[tag.group(1)] = service.group(1) if service else None
+    assert services == {
+        "gateway": "gateway",
+        "router": "router",
+        "batcher": "batcher",
+        "registry": "registry",
+        "worker": "worker-gpu",
+        "worker-gpu": None,
+        "worker-llm": None,
+    }
 
 
 def test_image_names_match_compose_and_kubernetes(compose_model: dict[str, Any]) -> None:

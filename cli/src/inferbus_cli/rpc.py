@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import overload
+
 import grpc
 
 from inferbus_common import grpcauth
@@ -34,8 +36,16 @@ def registry_stub(channel: grpc.Channel) -> registry_pb2_grpc.RegistryStub:
     return registry_pb2_grpc.RegistryStub(channel)
 
 
-def inference_stub(channel: grpc.Channel) -> grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub:
-    """Stub of the KServe V2 inference API (the gateway)."""
+@overload
+def inference_stub(
+    channel: grpc.aio.Channel,
+) -> grpc_predict_v2_pb2_grpc.GRPCInferenceServiceAsyncStub: ...
+@overload
+def inference_stub(channel: grpc.Channel) -> grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub: ...
+def inference_stub(
+    channel: grpc.Channel | grpc.aio.Channel,
+) -> grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub:
+    """Stub of the KServe V2 inference API (the gateway); asyncio's for an aio channel."""
     return grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(channel)
 
 

@@ -19,7 +19,7 @@ import random
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,7 @@ class StartupError(Exception):
     """
 
     def __init__(
-        self, name: str, reason: str, exit_code: int | None = None, log_tail: list[str] = ()
+        self, name: str, reason: str, exit_code: int | None = None, log_tail: Sequence[str] = ()
     ) -> None:
         super().__init__(f"{name}: {reason}")
         self.name = name

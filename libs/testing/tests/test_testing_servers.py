@@ -140,7 +140,7 @@ def test_redis_server_set_get_restart(redis_server: RedisServer) -> None:
 
 
 def test_redis_server_retries_when_port_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
-    from inferbus_testing import servers
+    from inferbus_testing.servers import stores
 
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
@@ -151,8 +151,8 @@ def test_redis_server_retries_when_port_is_taken(monkeypatch: pytest.MonkeyPatch
     def next_port(span: int = 1) -> int:
         return ports.pop(0) if ports else original(span)
 
-    original = servers._random_port
-    monkeypatch.setattr(servers, "_random_port", next_port)
+    original = stores._random_port
+    monkeypatch.setattr(stores, "_random_port", next_port)
     try:
         with RedisServer() as server:
             assert server.port != taken

@@ -14,12 +14,13 @@ import nats
 import numpy as np
 import pytest
 
-from inferbus_common import headers as h
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.microbatch import encode_joined_batch
+from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_common.wire import decode_tensors, encode_batch
 from inferbus_worker.engines import EngineInstances
 from inferbus_worker.runner import ModelRunner
 from inferbus_worker.worker import Worker
@@ -98,7 +99,9 @@ async def test_instance_group_serves_with_a_slot_per_instance(
             for i in range(6)
         }
         for rid, x in xs.items():
-            await dep.publish(encode_batch([dep.entry(rid, 3)], [tensor_from_numpy("input", x)]))
+            await dep.publish(
+                encode_joined_batch([dep.entry(rid, 3)], [[tensor_from_numpy("input", x)]])
+            )
         replies = await dep.wait_replies(*xs)
         for (rid, x), msg in zip(xs.items(), replies, strict=True):
             assert h.STATUS not in (msg.headers or {}), (rid, msg.headers)

@@ -12,9 +12,13 @@ import argparse
 import asyncio
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from inferbus_cli.plan import redis_url
 from inferbus_cli.state import load_state, resolve_home
+
+if TYPE_CHECKING:
+    from inferbus_common.admission.limits import Limit, Scope
 
 
 def redis_target(args: argparse.Namespace) -> str:
@@ -64,7 +68,7 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scope(name: str) -> object:
+def _scope(name: str) -> Scope:
     from inferbus_common.admission.limits import Scope
 
     for scope in Scope:
@@ -73,13 +77,13 @@ def _scope(name: str) -> object:
     raise SystemExit(f"unknown scope {name!r}; use interface, model or tenant-model")
 
 
-def _as_dict(limit: object) -> dict[str, object]:
+def _as_dict(limit: Limit) -> dict[str, object]:
     return {
-        "scope": limit.scope.field_prefix,  # type: ignore[attr-defined]
-        "name": limit.name,  # type: ignore[attr-defined]
-        "qps": limit.qps,  # type: ignore[attr-defined]
-        "burst": limit.burst,  # type: ignore[attr-defined]
-        "reason": limit.scope.reason,  # type: ignore[attr-defined]
+        "scope": limit.scope.field_prefix,
+        "name": limit.name,
+        "qps": limit.qps,
+        "burst": limit.burst,
+        "reason": limit.scope.reason,
     }
 
 

@@ -27,6 +27,7 @@ from inferbus_cli.table import format_table
 from inferbus_client.artifacts import PushError, VerifiedFile, collect_files, push_messages
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_proto.registry import registry_pb2 as rpb
+from inferbus_proto.registry import registry_pb2_grpc
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 
 
@@ -283,7 +284,7 @@ def run_delete(args: argparse.Namespace) -> int:
 
 
 def download_file(
-    stub: object,
+    stub: registry_pb2_grpc.RegistryStub,
     model: str,
     version: str,
     path: str,
@@ -300,9 +301,7 @@ def download_file(
         grpc.RpcError: the registry refused or failed.
         ValueError: the bytes do not match the manifest.
     """
-    info = stub.GetVersion(  # type: ignore[attr-defined]
-        rpb.GetVersionRequest(model=model, version=version), timeout=timeout
-    )
+    info = stub.GetVersion(rpb.GetVersionRequest(model=model, version=version), timeout=timeout)
     entry = next((f for f in info.files if f.path == path), None)
     if entry is None:
         files = sorted(f.path for f in info.files)
@@ -310,7 +309,7 @@ def download_file(
     bar = ProgressBar(entry.size, f"download {path}", enabled=progress)
     request = rpb.DownloadFileRequest(model=model, version=info.version, path=path)
     with bar, VerifiedFile(dest, entry.sha256, entry.size, label=path) as out:
-        for chunk in stub.DownloadFile(request, timeout=timeout):  # type: ignore[attr-defined]
+        for chunk in stub.DownloadFile(request, timeout=timeout):
             out.write(chunk.data)
             bar.advance(len(chunk.data))
     return dest, bar

@@ -100,14 +100,14 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_set(args: argparse.Namespace) -> int:
     """Create or change a pool."""
-    fields: dict[str, object] = {}
+    fields: dict[str, Any] = {}
     if args.max_workers is not None:
         fields["max_workers"] = args.max_workers
     if args.max_gpus is not None:
         fields["max_gpus"] = args.max_gpus
     if args.state is not None:
         fields["state"] = args.state
-    request = rpb.SetPoolRequest(name=args.pool, updated_by=identity(args), **fields)  # type: ignore[arg-type]
+    request = rpb.SetPoolRequest(name=args.pool, updated_by=identity(args), **fields)
     info = call(args, f"SetPool {args.pool}", lambda s: s.SetPool(request, timeout=args.timeout))
     if info is None:
         return 1

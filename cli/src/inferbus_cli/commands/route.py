@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from inferbus_cli.release import call, identity, when
 from inferbus_cli.table import format_table
@@ -82,7 +83,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 def run_set(args: argparse.Namespace) -> int:
     """Change canary/shadow/sticky/pool (compare-and-set when --expect-revision is given)."""
-    fields: dict[str, object] = {}
+    fields: dict[str, Any] = {}
     for arg, field in (
         ("canary", "canary"),
         ("weight", "canary_weight"),
@@ -107,7 +108,7 @@ def run_set(args: argparse.Namespace) -> int:
         updated_by=identity(args),
         change=args.message or "",
         force=getattr(args, "force", False),
-        **fields,  # type: ignore[arg-type]
+        **fields,
     )
     state = call(
         args,

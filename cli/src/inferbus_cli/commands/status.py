@@ -70,7 +70,7 @@ def model_rows(state: StackState) -> tuple[list[dict[str, Any]], list[str]]:
             )
         except grpc.RpcError as exc:
             return [], [f"registry ListModels: {rpc_error_text(exc, registry)}"]
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "name": m.name,
             "versions": list(m.versions),

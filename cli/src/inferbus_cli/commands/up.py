@@ -58,7 +58,8 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         "nats_cluster": args.nats_cluster_port,
     }
     ports = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
-    workers, gpu_uuids = args.workers, ()
+    workers = args.workers
+    gpu_uuids: tuple[str, ...] = ()
     if getattr(args, "gpus", None):
         if args.workers != 1:
             raise InvalidArgument(

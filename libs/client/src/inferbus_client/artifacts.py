@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 from pydantic import ValidationError
 
@@ -149,7 +150,7 @@ class VerifiedFile:
         self._digest = hashlib.sha256()
         self.received = 0
         self._tmp: Path | None = None
-        self._fh: object = None
+        self._fh: BinaryIO | None = None
 
     def __enter__(self) -> VerifiedFile:
         self.dest.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +163,8 @@ class VerifiedFile:
 
     def write(self, data: bytes) -> None:
         """Append one chunk."""
-        self._fh.write(data)  # type: ignore[attr-defined]
+        assert self._fh is not None, "write inside `with VerifiedFile(...)`"
+        self._fh.write(data)
         self._digest.update(data)
         self.received += len(data)
 
@@ -172,8 +174,8 @@ class VerifiedFile:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._tmp is not None
-        self._fh.close()  # type: ignore[attr-defined]
+        assert self._tmp is not None and self._fh is not None
+        self._fh.close()
         try:
             if exc_type is None:
                 got = self._digest.hexdigest()

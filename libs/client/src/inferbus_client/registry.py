@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 import grpc
 
@@ -33,6 +34,9 @@ from inferbus_client.artifacts import (
 from inferbus_common.errors import InferbusError, Internal, NotFound, error_from_status
 from inferbus_common.registrychannel import registry_channel
 from inferbus_proto.registry import registry_pb2, registry_pb2_grpc
+
+_Request = TypeVar("_Request")
+_Reply = TypeVar("_Reply")
 
 
 def _error(exc: grpc.aio.AioRpcError) -> InferbusError:
@@ -104,11 +108,10 @@ class RegistryClient:
             collect_files, Path(path), None, validate=False
         )
         messages = push_messages(name, version, config_json, list(aliases), files)
-        sentinel = object()
 
         async def stream() -> AsyncIterator[registry_pb2.PushChunk]:
-            while (msg := await asyncio.to_thread(next, messages, sentinel)) is not sentinel:
-                yield msg  # type: ignore[misc]
+            while (msg := await asyncio.to_thread(next, messages, None)) is not None:
+                yield msg
 
         try:
             return await self._stub.PushVersion(stream(), timeout=timeout_s)
@@ -220,7 +223,9 @@ class RegistryClient:
             ),
         )
 
-    async def _unary(self, method, request):  # type: ignore[no-untyped-def]
+    async def _unary(
+        self, method: grpc.aio.UnaryUnaryMultiCallable[_Request, _Reply], request: _Request
+    ) -> _Reply:
         """One unary call with the client's deadline; a gRPC error becomes its `InferbusError`."""
         try:
             return await method(request, timeout=self._timeout)
@@ -315,21 +320,20 @@ class RegistryClient:
             InvalidArgument: weight/rate out of range, canary equals stable.
             NotFound: unknown model or version.
         """
-        fields = {
-            "canary": canary,
-            "canary_weight": canary_weight,
-            "shadow": shadow,
-            "shadow_rate": shadow_rate,
-            "sticky": sticky,
-            "pool": pool,
-        }
+        # A field given as None is left unset (protobuf's constructors skip None):
+        # the registry keeps its current value.
         request = registry_pb2.SetTrafficRequest(
             model=model,
             expected_kv_revision=expected_kv_revision,
             updated_by=updated_by,
             change=change,
             force=force,
-            **{k: v for k, v in fields.items() if v is not None},
+            canary=canary,
+            canary_weight=canary_weight,
+            shadow=shadow,
+            shadow_rate=shadow_rate,
+            sticky=sticky,
+            pool=pool,
         )
         return await self._unary(self._stub.SetTraffic, request)
 
@@ -408,12 +412,14 @@ class RegistryClient:
         updated_by: str = "",
     ) -> registry_pb2.PoolInfo:
         """Create or change a pool's quota (0 = unlimited) and release state (open/frozen)."""
-        fields = {"max_workers": max_workers, "max_gpus": max_gpus, "state": state}
+        # None leaves a field unset (protobuf's constructors skip None): kept as it is.
         return await self._unary(
             self._stub.SetPool,
             registry_pb2.SetPoolRequest(
                 name=name,
                 updated_by=updated_by,
-                **{k: v for k, v in fields.items() if v is not None},
+                max_workers=max_workers,
+                max_gpus=max_gpus,
+                state=state,
             ),
         )

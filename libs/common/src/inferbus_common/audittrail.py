@@ -120,10 +120,6 @@ async def ensure_audit_stream(
         log.info("audit stream %s limits updated", subjects.audit_stream)
 
 
-def _rfc3339(unix_s: float) -> str:
-    return datetime.fromtimestamp(unix_s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 async def read_captures(
     js: JetStreamContext,
     subjects: Subjects,
@@ -147,7 +143,8 @@ async def read_captures(
     await js.stream_info(subjects.audit_stream)
     config = ConsumerConfig(
         deliver_policy=DeliverPolicy.BY_START_TIME,
-        opt_start_time=_rfc3339(since_unix_s),
+        # nats-py sends a datetime as RFC 3339 UTC text.
+        opt_start_time=datetime.fromtimestamp(since_unix_s, UTC),
         ack_policy=AckPolicy.NONE,
         inactive_threshold=60.0,
         mem_storage=True,

@@ -451,7 +451,10 @@ class Catalog:
         """
         try:
             # KeyWatcher keeps its subscription private; nats-py has no public handle.
-            await asyncio.wait_for(watcher._sub.consumer_info(), self._probe_interval_s)
+            await asyncio.wait_for(
+                watcher._sub.consumer_info(),  # type: ignore[union-attr]  # set once watching
+                self._probe_interval_s,
+            )
         except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
             return True
         except nats.js.errors.NotFoundError:
@@ -559,7 +562,7 @@ class Catalog:
         finally:
             with contextlib.suppress(Exception, TimeoutError):
                 async with asyncio.timeout(2.0):
-                    await watcher.stop()
+                    await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py: unannotated
 
     def _apply_version(self, key: str, value: bytes | None) -> None:
         if value is None:

@@ -156,7 +156,7 @@ def numpy_to_raw(array: np.ndarray) -> tuple[str, tuple[int, ...], bytes | memor
         array = array.astype(array.dtype.newbyteorder("<"))
     array = np.ascontiguousarray(array)
     # Flatten first (a view, no copy): memoryview.cast refuses shapes with a 0 dim.
-    return datatype, shape, memoryview(array.reshape(-1)).cast("B")
+    return datatype, shape, array.reshape(-1).data.cast("B")
 
 
 def tensor_from_numpy(name: str, array: np.ndarray) -> Tensor:

@@ -143,7 +143,7 @@ class EngineConfig(BaseModel):
 
     kind: Literal["onnxruntime", "tensorrt", "vllm"] = "onnxruntime"
     """``vllm``: a generative model served by the LLM worker (see `GenerationConfig`)."""
-    providers: list[Literal["cpu", "cuda", "tensorrt"]] = Field(default_factory=lambda: ["cpu"])
+    providers: list[Literal["cpu", "cuda", "tensorrt"]] = ["cpu"]  # pydantic copies defaults
     """Execution providers in order of preference (one that does not start gives way
     to the next). Without ``cpu`` in the list the version must get one of them: a
     worker where none starts (no GPU, no CUDA libraries) refuses the version
@@ -190,11 +190,10 @@ class EngineConfig(BaseModel):
     def _omit_absent_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # Configs without options dump byte for byte as before options existed
         # (unchanged digests; services of the previous release still read them).
-        data = handler(self)
-        if isinstance(data, dict):
-            for name in ("cuda", "tensorrt"):
-                if data.get(name) is None:
-                    data.pop(name, None)
+        data: dict[str, Any] = handler(self)
+        for name in ("cuda", "tensorrt"):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
 
     @property

@@ -17,11 +17,14 @@ import hmac
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from inferbus_common.secretfile import read_secret
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
 
 __all__ = [
     "METADATA_KEY",
@@ -63,16 +66,24 @@ class _SyncInterceptor(
     def __init__(self, token: str) -> None:
         self._token = token
 
-    def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+    def intercept_unary_unary(
+        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any
+    ) -> Any:
         return continuation(_with_token(details, self._token), request)
 
-    def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+    def intercept_unary_stream(
+        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any
+    ) -> Any:
         return continuation(_with_token(details, self._token), request)
 
-    def intercept_stream_unary(self, continuation, details, iterator):  # type: ignore[no-untyped-def]
+    def intercept_stream_unary(
+        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, iterator: Any
+    ) -> Any:
         return continuation(_with_token(details, self._token), iterator)
 
-    def intercept_stream_stream(self, continuation, details, iterator):  # type: ignore[no-untyped-def]
+    def intercept_stream_stream(
+        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, iterator: Any
+    ) -> Any:
         return continuation(_with_token(details, self._token), iterator)
 
 
@@ -80,7 +91,12 @@ class _AioUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
     def __init__(self, token: str) -> None:
         self._token = token
 
-    async def intercept_unary_unary(self, continuation, details, request):  # type: ignore[no-untyped-def]
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[..., Any],
+        details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
         return await continuation(_with_token(details, self._token), request)
 
 
@@ -88,7 +104,12 @@ class _AioUnaryStream(grpc.aio.UnaryStreamClientInterceptor):
     def __init__(self, token: str) -> None:
         self._token = token
 
-    async def intercept_unary_stream(self, continuation, details, request):  # type: ignore[no-untyped-def]
+    async def intercept_unary_stream(
+        self,
+        continuation: Callable[..., Any],
+        details: grpc.aio.ClientCallDetails,
+        request: Any,
+    ) -> Any:
         return await continuation(_with_token(details, self._token), request)
 
 
@@ -96,7 +117,12 @@ class _AioStreamUnary(grpc.aio.StreamUnaryClientInterceptor):
     def __init__(self, token: str) -> None:
         self._token = token
 
-    async def intercept_stream_unary(self, continuation, details, iterator):  # type: ignore[no-untyped-def]
+    async def intercept_stream_unary(
+        self,
+        continuation: Callable[..., Any],
+        details: grpc.aio.ClientCallDetails,
+        iterator: Any,
+    ) -> Any:
         return await continuation(_with_token(details, self._token), iterator)
 
 
@@ -177,15 +203,18 @@ class TokenGuard(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
         handler = await continuation(handler_call_details)
         if not self.enabled or handler is None:
             return handler
         method = handler_call_details.method.rsplit("/", 1)[-1]
         token = dict(handler_call_details.invocation_metadata or ()).get(METADATA_KEY)
-        refusal = self.check(method, token)
+        # Only ``-bin`` metadata keys carry bytes; a token key never does.
+        refusal = self.check(method, token if isinstance(token, str) else None)
         if refusal is None:
             return handler
         code, message = refusal
@@ -193,25 +222,22 @@ class TokenGuard(grpc.aio.ServerInterceptor):
 
 
 def _refusing_handler(
-    handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str
-) -> grpc.RpcMethodHandler:
+    handler: grpc.RpcMethodHandler[_Req, _Resp], code: grpc.StatusCode, message: str
+) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler of the same shape as `handler` that aborts with `code`."""
 
-    async def abort(_request: Any, context: grpc.aio.ServicerContext) -> None:
+    async def abort(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await context.abort(code, message)
 
-    async def abort_stream(_request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def abort_stream(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await context.abort(code, message)
         yield  # pragma: no cover - makes this an async generator
 
-    kwargs = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
+    decode, encode = handler.request_deserializer, handler.response_serializer
     if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(abort, **kwargs)
+        return grpc.unary_unary_rpc_method_handler(abort, decode, encode)
     if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(abort_stream, **kwargs)
+        return grpc.unary_stream_rpc_method_handler(abort_stream, decode, encode)
     if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(abort, **kwargs)
-    return grpc.stream_stream_rpc_method_handler(abort_stream, **kwargs)
+        return grpc.stream_unary_rpc_method_handler(abort, decode, encode)
+    return grpc.stream_stream_rpc_method_handler(abort_stream, decode, encode)

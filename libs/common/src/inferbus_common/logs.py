@@ -23,6 +23,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator
+from typing import TextIO
 
 import orjson
 
@@ -145,7 +146,7 @@ def setup_logging(service: str, level: str = "INFO", fmt: str = "json") -> None:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
-_json_root: tuple[logging.StreamHandler, str] | None = None
+_json_root: tuple[logging.StreamHandler[TextIO], str] | None = None
 """The JSON root handler `setup_logging` installed, and its service name."""
 
 
@@ -180,7 +181,7 @@ class BufferedLines:
         self._second_text = ""
         atexit.register(self.flush)
 
-    def _direct(self) -> tuple[logging.StreamHandler, str] | None:
+    def _direct(self) -> tuple[logging.StreamHandler[TextIO], str] | None:
         """The JSON root handler when it alone would write this logger's lines."""
         root = logging.getLogger()
         lg = self._logger

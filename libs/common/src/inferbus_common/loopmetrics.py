@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import (
@@ -22,12 +23,16 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+_Child = TypeVar("_Child")
+"""What one set of label values holds (a counter's or a histogram's child)."""
 
 _DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 
 
-class _Family:
+class _Family(Collector, Generic[_Child]):
     """Children per label values, registered once in a registry."""
 
     def __init__(
@@ -40,14 +45,14 @@ class _Family:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], object] = {}
+        self._children: dict[tuple[str, ...], _Child] = {}
         if registry is not None:
             registry.register(self)
 
-    def _child(self, values: tuple[str, ...]) -> object:
+    def _child(self, values: tuple[str, ...]) -> _Child:
         raise NotImplementedError
 
-    def labels(self, *values: str) -> object:
+    def labels(self, *values: str) -> _Child:
         """The child of these label values (made on first use)."""
         if len(values) != len(self.labelnames):
             raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
@@ -76,7 +81,7 @@ class _CounterChild:
         self.value += amount
 
 
-class LoopCounter(_Family):
+class LoopCounter(_Family["_CounterChild"]):
     """A counter (name without ``_total``, as prometheus_client's `Counter`)."""
 
     def __init__(
@@ -109,11 +114,11 @@ class LoopCounter(_Family):
         if self._unlabelled is not None:
             family.add_metric((), self._unlabelled.value)
         for values, child in list(self._children.items()):
-            family.add_metric(values, child.value)  # type: ignore[attr-defined]
+            family.add_metric(values, child.value)
         yield family
 
 
-class LoopGauge(_Family):
+class LoopGauge(_Family[None]):
     """A gauge without labels that is raised and lowered."""
 
     def __init__(
@@ -154,7 +159,7 @@ class _HistogramChild:
         self.sum += value
 
 
-class LoopHistogram(_Family):
+class LoopHistogram(_Family["_HistogramChild"]):
     """A histogram (the ``+Inf`` bucket is implied, as in prometheus_client)."""
 
     def __init__(
@@ -170,7 +175,8 @@ class LoopHistogram(_Family):
         if list(bounds) != sorted(set(bounds)):
             raise ValueError(f"{name}: buckets must be increasing")
         self._bounds = bounds
-        self._labels_le = [floatToGoString(b) for b in bounds] + ["+Inf"]
+        # prometheus_client leaves floatToGoString unannotated.
+        self._labels_le = [floatToGoString(b) for b in bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
         super().__init__(name, documentation, labelnames, registry)
         self._unlabelled = _HistogramChild(bounds) if not self.labelnames else None
 
@@ -190,8 +196,8 @@ class LoopHistogram(_Family):
         for values, child in children:
             running = 0
             buckets = []
-            for le, n in zip(self._labels_le, child.counts, strict=True):  # type: ignore[attr-defined]
+            for le, n in zip(self._labels_le, child.counts, strict=True):
                 running += n
                 buckets.append((le, running))
-            family.add_metric(values, buckets, child.sum)  # type: ignore[attr-defined]
+            family.add_metric(values, buckets, child.sum)
         yield family

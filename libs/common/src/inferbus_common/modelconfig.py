@@ -20,7 +20,13 @@ from pydantic import (
     model_validator,
 )
 
-from inferbus_common.codec import Tensor, check_raw_size, deserialize_bytes, serialize_bytes
+from inferbus_common.codec import (
+    Buffer,
+    Tensor,
+    check_raw_size,
+    deserialize_bytes,
+    serialize_bytes,
+)
 from inferbus_common.datatypes import ALL_DATATYPES
 from inferbus_common.engineconfig import EngineConfig, InstanceGroup, check_instance_group
 from inferbus_common.errors import InvalidArgument
@@ -47,7 +53,7 @@ class TensorSpec(BaseModel):
     @model_serializer(mode="wrap")
     def _omit_absent_labels(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # Left out when unset, so configs without it dump (and hash) as before it existed.
-        data = handler(self)
+        data: dict[str, Any] = handler(self)
         if isinstance(data, dict) and data.get("label_filename") is None:
             data.pop("label_filename", None)
         return data
@@ -325,9 +331,9 @@ class ProcessingConfig(BaseModel):
         for step in self.pre:
             if isinstance(step, TokenizeStep):
                 out.append(step.tokenizer)
-        for step in self.post:
-            if isinstance(step, TopKStep) and step.labels:
-                out.append(step.labels)
+        for post_step in self.post:
+            if isinstance(post_step, TopKStep) and post_step.labels:
+                out.append(post_step.labels)
         return sorted(set(out))
 
 
@@ -565,7 +571,7 @@ class ModelConfig(BaseModel):
         re-pushed versions) does not change, and services of the previous
         release (``extra="forbid"``) still read configs and catalog records.
         """
-        data = handler(self)
+        data: dict[str, Any] = handler(self)
         if isinstance(data, dict):
             for name, default in _OMITTED_WHEN_DEFAULT.items():
                 if name in data and data[name] == default:
@@ -711,7 +717,7 @@ class ModelConfig(BaseModel):
                 raise InvalidArgument(f"{model}: unknown output '{name}'; expected {sorted(known)}")
 
 
-def _limit_elements(model: str, t: Tensor, limit: int, truncate: bool) -> bytes | memoryview:
+def _limit_elements(model: str, t: Tensor, limit: int, truncate: bool) -> Buffer:
     """Enforce a BYTES input's longest element: cut (when allowed) or refuse."""
     items = deserialize_bytes(t.data)
     longest = max((len(x) for x in items), default=0)
@@ -756,10 +762,10 @@ def _check_processing(config: ModelConfig) -> None:
     if len(engine_out) != len(config.engine_outputs()):
         raise ValueError("processing.engine_outputs names must be unique")
     if config.max_batch_size > 0:
-        for spec in [*config.engine_inputs(), *config.engine_outputs()]:
-            if not spec.shape or spec.shape[0] != -1:
+        for tensor in [*config.engine_inputs(), *config.engine_outputs()]:
+            if not tensor.shape or tensor.shape[0] != -1:
                 raise ValueError(
-                    f"engine tensor '{spec.name}': with max_batch_size > 0 the first "
+                    f"engine tensor '{tensor.name}': with max_batch_size > 0 the first "
                     "dimension is the batch axis and must be -1"
                 )
     consumed: set[str] = set()
@@ -826,17 +832,17 @@ def _check_processing(config: ModelConfig) -> None:
     if unused:
         raise ValueError(f"model input(s) {unused} are neither pre-processed nor engine inputs")
     tensors = {name: spec.datatype for name, spec in engine_out.items()}
-    for step in proc.post:
-        where = f"processing.post {step.kind} step"
-        datatype = tensors.get(step.input)
-        if datatype is None:
+    for post_step in proc.post:
+        where = f"processing.post {post_step.kind} step"
+        in_type = tensors.get(post_step.input)
+        if in_type is None:
             raise ValueError(
-                f"{where}: '{step.input}' is not an engine output or an earlier step's output; "
-                f"available: {sorted(tensors)}"
+                f"{where}: '{post_step.input}' is not an engine output or an earlier step's "
+                f"output; available: {sorted(tensors)}"
             )
-        if datatype not in ("FP16", "FP32", "FP64"):
-            raise ValueError(f"{where}: '{step.input}' is {datatype}; it needs floating point")
-        tensors.update(step.produces())
+        if in_type not in ("FP16", "FP32", "FP64"):
+            raise ValueError(f"{where}: '{post_step.input}' is {in_type}; it needs floating point")
+        tensors.update(post_step.produces())
     topk_shapes = {
         name: [-1, step.k]
         for step in proc.post
@@ -849,15 +855,15 @@ def _check_processing(config: ModelConfig) -> None:
                 f"model output '{spec.name}' has shape {spec.shape} but top-k writes "
                 f"{topk_shapes[spec.name]}"
             )
-        datatype = tensors.get(spec.name)
-        if datatype is None:
+        out_type = tensors.get(spec.name)
+        if out_type is None:
             raise ValueError(
                 f"model output '{spec.name}' is neither an engine output nor written by a post "
                 f"step; available: {sorted(tensors)}"
             )
-        if datatype != spec.datatype:
+        if out_type != spec.datatype:
             raise ValueError(
-                f"model output '{spec.name}' is {spec.datatype} in outputs but {datatype} "
+                f"model output '{spec.name}' is {spec.datatype} in outputs but {out_type} "
                 "after processing"
             )
 

@@ -12,8 +12,9 @@ import json
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import prometheus_client
 import uvicorn
@@ -62,9 +63,22 @@ def ops_app(ready: Callable[[], tuple[bool, str]]) -> Starlette:
     )
 
 
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves SIGTERM/SIGINT to the service.
+
+    The service drains on its own stop event (`lifecycle.stop_event_on_signals`)
+    and stops its HTTP servers last; uvicorn's own handlers would stop them at
+    the signal, before the drain.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 @contextlib.asynccontextmanager
 async def serve_http(
-    app: object,
+    app: Callable[..., Any],
     sock: socket.socket,
     *,
     tls_cert_file: Path | None = None,
@@ -76,11 +90,8 @@ async def serve_http(
     With a certificate and key it serves HTTPS; with a client CA too, clients
     must present a certificate signed by it (mutual TLS).
     """
-    tls: dict[str, object] = {}
-    if tls_cert_file is not None and tls_key_file is not None:
-        tls = {"ssl_certfile": str(tls_cert_file), "ssl_keyfile": str(tls_key_file)}
-        if tls_client_ca_file is not None:
-            tls.update(ssl_ca_certs=str(tls_client_ca_file), ssl_cert_reqs=ssl.CERT_REQUIRED)
+    tls = tls_cert_file is not None and tls_key_file is not None
+    mutual = tls and tls_client_ca_file is not None
     config = uvicorn.Config(
         app,
         log_config=None,
@@ -89,10 +100,12 @@ async def serve_http(
         timeout_graceful_shutdown=5,
         loop="none",
         http="httptools",
-        **tls,  # type: ignore[arg-type]
+        ssl_certfile=str(tls_cert_file) if tls else None,
+        ssl_keyfile=str(tls_key_file) if tls else None,
+        ssl_ca_certs=str(tls_client_ca_file) if mutual else None,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if mutual else ssl.CERT_NONE,
     )
-    server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    server = _Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:

@@ -5,12 +5,22 @@ in `main`, checked before anything is served, and passed down."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inferbus_common.secretfile import read_secret
+
+
+class NatsAuth(TypedDict, total=False):
+    """Keyword arguments of `inferbus_common.bus.connect` taken from the settings."""
+
+    user_credentials: str
+    user: str
+    password: str
+    tls_ca_file: str
+    jetstream_replicas: int
 
 
 class ServiceSettings(BaseSettings):
@@ -81,14 +91,14 @@ class ServiceSettings(BaseSettings):
     tracing_max_queue: int = Field(default=8192, ge=64)
     """Finished spans buffered for export; past it, spans are dropped (never blocks)."""
 
-    def nats_auth(self) -> dict[str, object]:
+    def nats_auth(self) -> NatsAuth:
         """Keyword arguments for `inferbus_common.bus.connect`: credentials, inbox,
         TLS, and the JetStream replica count when it is not 1.
 
         Raises:
             OSError: a password file that cannot be read.
         """
-        out: dict[str, object] = {}
+        out: NatsAuth = {}
         if self.nats_creds_file is not None:
             out["user_credentials"] = str(self.nats_creds_file)
         if self.nats_user:

@@ -102,11 +102,6 @@ class Subjects:
         """Router → generative workers (skips the batcher)."""
         return f"{self.prefix}.gen.{subject_token(model)}.{subject_token(version)}"
 
-    @property
-    def gen_all(self) -> str:
-        """Wildcard generative workers subscribe under (one subject per model version)."""
-        return f"{self.prefix}.gen.*.*"
-
     def gen_cancel(self, request_id: str) -> str:
         """Gateway → every generative worker: stop generating for this request.
 

@@ -38,7 +38,7 @@ class RequestChecker:
     def __init__(self, config: ModelConfig, *, max_layouts: int = _MAX_LAYOUTS) -> None:
         self._config = config
         self._max = max_layouts
-        self._passed: set[tuple] = set()
+        self._passed: set[tuple[object, ...]] = set()
 
     @property
     def config(self) -> ModelConfig:
@@ -58,15 +58,18 @@ class RequestChecker:
         Raises:
             InvalidArgument: as `ModelConfig.validate_request` does.
         """
-        key: tuple | None = (tuple(outputs),)
+        # No key (checked in full every time) when an untrusted BYTES tensor is present.
+        key: tuple[object, ...] | None = None
+        parts: list[object] = [tuple(outputs)]
         for t in tensors:
             if t.datatype == BYTES:
                 if not trusted:
-                    key = None
                     break
-                key += ((t.name, BYTES, tuple(t.shape)),)
+                parts.append((t.name, BYTES, tuple(t.shape)))
                 continue
-            key += ((t.name, t.datatype, tuple(t.shape), memoryview(t.data).nbytes),)
+            parts.append((t.name, t.datatype, tuple(t.shape), memoryview(t.data).nbytes))
+        else:
+            key = tuple(parts)
         if key is not None and key in self._passed:
             return
         self._config.validate_request(tensors, outputs)

@@ -18,6 +18,7 @@ import ipaddress
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 from inferbus_common import security
 from inferbus_common.subjects import Subjects
@@ -77,8 +78,8 @@ def self_signed_cert(out: Path) -> tuple[Path, Path]:
 class SecureStack(LocalStack):
     """A `LocalStack` with NATS users and permissions, a Redis password and gateway TLS."""
 
-    def __init__(self, base: Path, **kwargs: object) -> None:
-        super().__init__(base, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, base: Path, **kwargs: Any) -> None:
+        super().__init__(base, **kwargs)
         self.secrets_dir = base / "secrets"
         self.secrets_dir.mkdir(parents=True, exist_ok=True)
         self.secrets_dir.chmod(0o700)

@@ -25,7 +25,7 @@ Each writer puts ``model.onnx`` and ``config.json`` into a folder ready for
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import onnx
@@ -36,7 +36,7 @@ from inferbus_testing.stringmodels import save_model
 INT = TensorProto.INT32
 
 
-def _vi(name: str, elem: int, shape: list[object]) -> onnx.ValueInfoProto:
+def _vi(name: str, elem: int, shape: Sequence[str | int | None]) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem, shape)
 
 
@@ -121,7 +121,7 @@ def write_simple_identity(out: Path, name: str = "simple_identity") -> Path:
 
 
 def _sequence_config(
-    name: str, controls: list[dict[str, object]], states: list[dict[str, object]]
+    name: str, controls: Sequence[Mapping[str, object]], states: Sequence[Mapping[str, object]]
 ) -> dict[str, object]:
     return {
         "name": name,

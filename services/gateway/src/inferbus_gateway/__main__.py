@@ -13,12 +13,11 @@ from nats.aio.client import Client
 from prometheus_client import REGISTRY
 from prometheus_client.registry import Collector
 
-from inferbus_common import __version__, lifecycle, ops, tracing
+from inferbus_common import __version__, lifecycle, ops
 from inferbus_common.audittrail import ensure_audit_stream
 from inferbus_common.bus import connect, shutdown
 from inferbus_common.catalog import Catalog
 from inferbus_common.grpcauth import read_secret
-from inferbus_common.logs import setup_logging
 from inferbus_common.registrychannel import message_size_options
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission import Admission
@@ -64,9 +63,8 @@ def _register(collector: Collector) -> Collector:
     return collector
 
 
-async def serve(settings: GatewaySettings) -> None:
+async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
     """Run the gateway until SIGTERM/SIGINT, then drain in-flight requests."""
-    stop = lifecycle.stop_event_on_signals()
     instance = settings.instance_id or lifecycle.default_instance_id("gateway")
     subjects = Subjects(settings.subject_prefix)
     nc = await connect(settings.nats_url, instance, **settings.nats_auth())
@@ -303,18 +301,8 @@ def _grpc_tls(settings: GatewaySettings) -> grpc.ServerCredentials | None:
 
 
 def main() -> None:
-    """Build settings once, set up logging and run the gateway."""
-    settings = GatewaySettings()
-    setup_logging("gateway", settings.log_level, settings.log_format)
-    tracing.setup_tracing("gateway", settings, settings.instance_id)
-    try:
-        lifecycle.run(
-            lambda: serve(settings),
-            use_uvloop=settings.use_uvloop,
-            gc_thresholds=settings.gc_thresholds,
-        )
-    finally:
-        tracing.shutdown_tracing()
+    """Run the gateway process (settings, logging, tracing, event loop)."""
+    lifecycle.service_main("gateway", GatewaySettings, serve)
 
 
 if __name__ == "__main__":

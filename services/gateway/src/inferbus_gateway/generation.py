@@ -25,7 +25,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -320,7 +320,7 @@ class GenerationCall:
         self.finish_reason: str | None = None
         self.created = int(time.time())
 
-    async def chunks(self) -> AsyncIterator[GenerationChunk]:
+    async def chunks(self) -> AsyncGenerator[GenerationChunk, None]:
         """The chunks, in order; cancels the request in the worker if left early.
 
         Raises:

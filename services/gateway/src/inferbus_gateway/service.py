@@ -8,6 +8,7 @@ reads resolve → validate → dispatch → decode.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from nats.aio.client import Client
 
@@ -111,7 +112,7 @@ class InferenceService:
             return False, "catalog not loaded yet"
         return True, "ok"
 
-    def server_metadata(self) -> dict[str, object]:
+    def server_metadata(self) -> dict[str, Any]:
         """Name, version and extensions."""
         return {"name": self.server_name, "version": self.version, "extensions": SERVER_EXTENSIONS}
 
@@ -131,7 +132,7 @@ class InferenceService:
             return False
         return self._catalog.version_state(dv.model, dv.version) == "ready"
 
-    def model_metadata(self, model: str, version: str = "") -> dict[str, object]:
+    def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
         """KServe V2 model metadata.
 
         Raises:

@@ -42,6 +42,9 @@ READ_METHODS = frozenset(
 )
 """Registry calls a reader token may make (the rest change what is served)."""
 
+_REPUBLISH_ERRORS: tuple[type[Exception], ...] = (*NATS_ERRORS, InferbusError)
+"""Why a catalog republish may fail and be retried: the bus, or a bad record."""
+
 log = logging.getLogger(__name__)
 
 
@@ -148,7 +151,7 @@ class RegistryApp:
                 self._republished = False
                 try:
                     await publisher.republish_all(self.repo)
-                except (*NATS_ERRORS, InferbusError) as exc:
+                except _REPUBLISH_ERRORS as exc:
                     log.warning("republishing the catalog after a reconnect failed: %s", exc)
                     continue  # try again on the next round
                 seen_reconnects = reconnects

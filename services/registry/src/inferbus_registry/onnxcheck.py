@@ -8,6 +8,7 @@ a message that names the tensor and what differs.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnx import TensorProto
@@ -144,7 +145,7 @@ def derive_config(path: Path, model: str) -> ModelConfig:
         raise InvalidArgument(f"{model}: {path.name} is not a valid ONNX model: {exc}") from exc
     graph = proto.graph
     initializers = {t.name for t in graph.initializer}
-    tensors: dict[str, list[dict[str, object]]] = {"inputs": [], "outputs": []}
+    tensors: dict[str, list[dict[str, Any]]] = {"inputs": [], "outputs": []}
     for kind, infos in (
         ("inputs", [vi for vi in graph.input if vi.name not in initializers]),
         ("outputs", list(graph.output)),

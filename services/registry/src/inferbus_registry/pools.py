@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -233,7 +234,7 @@ class PoolBook:
             )
         return out
 
-    async def _queue_lag(self, pools: set[str]) -> dict[str, int]:
+    async def _queue_lag(self, pools: Collection[str]) -> dict[str, int]:
         """Pending + unacked micro-batches of each pool's durable consumers."""
         prefixes = {f"w_{subject_token(p)}__": p for p in pools}
         out: dict[str, int] = {}

@@ -123,16 +123,14 @@ class ReleaseRPCs:
         state = await self._repo.state(model)
         versions = [v for v in state.versions if v not in set(state.archived)]
 
-        def opt(name: str) -> object:
-            return getattr(request, name) if request.HasField(name) else None
-
+        has = request.HasField
         change = TrafficChange(
-            canary=_version_arg(opt("canary")),
-            canary_weight=opt("canary_weight"),  # type: ignore[arg-type]
-            shadow=_version_arg(opt("shadow")),
-            shadow_rate=opt("shadow_rate"),  # type: ignore[arg-type]
-            sticky=opt("sticky"),  # type: ignore[arg-type]
-            pool=opt("pool"),  # type: ignore[arg-type]
+            canary=_version_arg(request.canary if has("canary") else None),
+            canary_weight=request.canary_weight if has("canary_weight") else None,
+            shadow=_version_arg(request.shadow if has("shadow") else None),
+            shadow_rate=request.shadow_rate if has("shadow_rate") else None,
+            sticky=request.sticky if has("sticky") else None,
+            pool=request.pool if has("pool") else None,
         )
         touches_canary = change.canary is not None or change.canary_weight is not None
         if touches_canary and self._rollouts is not None:
@@ -201,12 +199,12 @@ class ReleaseRPCs:
         except RouteChanged:
             metrics.ROUTE_CONFLICTS.inc()
             raise
+        assert write.route is not None  # mutate refuses a missing route
         if write.changed:
             log.info(
                 "traffic set",
-                extra={"model": model, "updated_by": who, "revision": write.route.revision},  # type: ignore[union-attr]
+                extra={"model": model, "updated_by": who, "revision": write.route.revision},
             )
-        assert write.route is not None  # mutate refuses a missing route
         # The route this call wrote (or found unchanged), not a re-read that may
         # already show a later writer's change.
         return registry_pb2.RouteState(

@@ -353,7 +353,7 @@ class S3Store:
             self._client.put_object,
             self.bucket,
             key,
-            reader,  # type: ignore[arg-type]
+            reader,  # type: ignore[arg-type]  # minio wants BinaryIO; it calls only read()
             -1,
             part_size=_S3_PART_SIZE,
         )

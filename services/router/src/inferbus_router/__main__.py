@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from inferbus_common import lifecycle, ops, tracing
+from inferbus_common import lifecycle, ops
 from inferbus_common.bus import connect, shutdown
 from inferbus_common.catalog import Catalog
-from inferbus_common.logs import setup_logging
 from inferbus_common.subjects import Subjects
 from inferbus_router.health import HealthWeights
 from inferbus_router.router import Router
@@ -18,9 +17,8 @@ from inferbus_router.shadow import ShadowComparer
 log = logging.getLogger("inferbus_router")
 
 
-async def serve(settings: RouterSettings) -> None:
-    """Run the router until SIGTERM/SIGINT, then drain."""
-    stop = lifecycle.stop_event_on_signals()
+async def serve(settings: RouterSettings, stop: asyncio.Event) -> None:
+    """Run the router until `stop` (SIGTERM/SIGINT), then drain."""
     instance = settings.instance_id or lifecycle.default_instance_id("router")
     subjects = Subjects(settings.subject_prefix)
     nc = await connect(settings.nats_url, instance, **settings.nats_auth())
@@ -73,18 +71,8 @@ async def serve(settings: RouterSettings) -> None:
 
 
 def main() -> None:
-    """Build settings once, set up logging and run the router."""
-    settings = RouterSettings()
-    setup_logging("router", settings.log_level, settings.log_format)
-    tracing.setup_tracing("router", settings, settings.instance_id)
-    try:
-        lifecycle.run(
-            lambda: serve(settings),
-            use_uvloop=settings.use_uvloop,
-            gc_thresholds=settings.gc_thresholds,
-        )
-    finally:
-        tracing.shutdown_tracing()
+    """Run the router process (settings, logging, tracing, event loop, signals)."""
+    lifecycle.service_main("router", RouterSettings, serve)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ def split_expired(batch: MicroBatch, now_ns: int) -> tuple[list[int], list[int]]
 
     A deadline of 0 means none.
     """
-    live, expired = [], []
+    live: list[int] = []
+    expired: list[int] = []
     for i, e in enumerate(batch.entries):
         (expired if e.deadline_ns and e.deadline_ns <= now_ns else live).append(i)
     return live, expired

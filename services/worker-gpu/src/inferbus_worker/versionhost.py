@@ -14,9 +14,10 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from types import TracebackType
-from typing import Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -38,6 +39,7 @@ from inferbus_common.errors import FailedPrecondition, InferbusError, StatusCode
 from inferbus_common.grpcauth import read_secret
 from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.modelstats import ModelStats
+from inferbus_common.settings import NatsAuth
 from inferbus_common.signing import SignatureError, parse_trusted_keys, signed_payload, verify
 from inferbus_common.subjects import Subjects
 from inferbus_worker.artifacts import ArtifactCache, DigestMismatch
@@ -71,7 +73,7 @@ class HostSettings(Protocol):
     load_retry_s: float
     unload_grace_s: float
 
-    def nats_auth(self) -> dict[str, object]:
+    def nats_auth(self) -> NatsAuth:
         """NATS credentials."""
         ...
 
@@ -212,9 +214,9 @@ class VersionHost(abc.ABC, Generic[S]):
             extra={"worker_id": self.instance_id, "pool": self.settings.pool},
         )
 
-    def _own(self, coro: object, name: str) -> None:
+    def _own(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run `coro` as a task this host owns (cancelled and awaited by `drain`)."""
-        self._tasks.append(asyncio.create_task(coro, name=name))  # type: ignore[arg-type]
+        self._tasks.append(asyncio.create_task(coro, name=name))
 
     async def drain(self) -> None:
         """Stop intake, finish in-flight work, delete the heartbeat, close. Idempotent."""

@@ -142,4 +142,6 @@ class KeyStore:
 
     async def allowed_models(self, tenant: str) -> set[str]:
         """The models on `tenant`'s access list in Redis."""
-        return {m.decode() for m in await self._redis.smembers(self._keys.auth_models(tenant))}
+        members = await self._redis.smembers(self._keys.auth_models(tenant))
+        # The client returns bytes (no decode_responses); its type also allows str.
+        return {m.decode() if isinstance(m, bytes) else m for m in members}

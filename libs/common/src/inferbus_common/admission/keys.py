@@ -49,10 +49,9 @@ def connect_redis(
     Returns:
         A client (connections are opened lazily, on first use).
     """
-    extra = {"password": password} if password else {}
     return aioredis.Redis.from_url(
         url,
-        **extra,
+        password=password or None,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),

@@ -127,7 +127,7 @@ class ReplyBundle:
 def _attach_frames(
     view: memoryview,
     offset: int,
-    items: Sequence[BundledRequest] | Sequence[BundledReply],
+    items: Sequence[BundledRequest | BundledReply],
     lengths: Sequence[int],
     what: str,
 ) -> None:

@@ -228,6 +228,6 @@ def join_tensors(per_request: Iterable[Sequence[Tensor]]) -> list[Tensor]:
     return out
 
 
-def batch_signature(tensors: Sequence[Tensor]) -> tuple:
+def batch_signature(tensors: Sequence[Tensor]) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
     """Key under which requests can share a batch: names, datatypes, non-batch dims."""
     return tuple((t.name, t.datatype, t.shape[1:]) for t in tensors)

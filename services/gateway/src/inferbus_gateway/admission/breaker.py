@@ -23,6 +23,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import Gauge
 
@@ -251,7 +252,7 @@ class BreakerBoard:
         **options: keyword arguments of `CircuitBreaker` (except ``model``).
     """
 
-    def __init__(self, **options: object) -> None:
+    def __init__(self, **options: Any) -> None:
         self._options = options
         self._breakers: dict[str, CircuitBreaker] = {}
 
@@ -259,6 +260,6 @@ class BreakerBoard:
         """The breaker of `model`."""
         breaker = self._breakers.get(model)
         if breaker is None:
-            breaker = CircuitBreaker(model, **self._options)  # type: ignore[arg-type]
+            breaker = CircuitBreaker(model, **self._options)
             self._breakers[model] = breaker
         return breaker

@@ -143,7 +143,9 @@ async def delete_quota(redis: aioredis.Redis, keys: AdmissionKeys, tenant: str) 
 async def list_quotas(redis: aioredis.Redis, keys: AdmissionKeys) -> list[Quota]:
     """Every configured quota, sorted by tenant."""
     raw = await redis.hgetall(keys.quotas)
-    return sorted((Quota.parse(k.decode(), v) for k, v in raw.items()), key=lambda q: q.tenant)
+    # The client returns bytes (no decode_responses); its type also allows str.
+    quotas = (Quota.parse(k.decode() if isinstance(k, bytes) else k, v) for k, v in raw.items())
+    return sorted(quotas, key=lambda q: q.tenant)
 
 
 async def usage(

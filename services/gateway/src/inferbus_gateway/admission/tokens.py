@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter
@@ -76,22 +75,6 @@ def estimate_prompt_tokens(texts: list[str]) -> int:
     """Up-front estimate of a prompt's tokens: ~4 characters per token, at least 1."""
     chars = sum(len(t) for t in texts)
     return max(1, math.ceil(chars / CHARS_PER_TOKEN))
-
-
-def parse_tpm(value: str | bytes) -> tuple[int, int]:
-    """(tpm, burst) from a limits-hash value (JSON object or a bare number).
-
-    Raises:
-        ValueError: not a positive limit.
-    """
-    doc = json.loads(value)
-    if isinstance(doc, Mapping):
-        tpm, burst = int(doc["tpm"]), int(doc.get("burst") or doc["tpm"])
-    else:
-        tpm = burst = int(doc)
-    if tpm <= 0 or burst <= 0:
-        raise ValueError("tpm and burst must be positive")
-    return tpm, burst
 
 
 async def set_tpm_limit(

@@ -116,7 +116,15 @@ class CpuLoad:
             self._handle.cancel()
             self._handle = None
 
-    def _read(self) -> tuple[int, tuple[int, int] | None, int | None, tuple[int, int] | None]:
+    def _read(
+        self,
+    ) -> tuple[
+        int,
+        tuple[tuple[int, int] | None, tuple[int, int] | None],
+        tuple[int | None, int | None],
+        tuple[tuple[int, int] | None, tuple[int, int] | None],
+    ]:
+        """Wall time since the last read and (now, then) pairs of the three counters."""
         now = time.monotonic_ns()
         machine, cgroup, thread = _machine(), None, _loop_thread()
         if self._quota is not None:
@@ -125,7 +133,7 @@ class CpuLoad:
         previous = (last, self._last_thread)
         self._last_machine, self._last_cgroup, self._last_thread = machine, cgroup, thread
         (wall0, machine0, cgroup0), thread0 = previous
-        return now - wall0, (machine, machine0), (cgroup, cgroup0), (thread, thread0)  # type: ignore[return-value]
+        return now - wall0, (machine, machine0), (cgroup, cgroup0), (thread, thread0)
 
     def _tick(self) -> None:
         wall, (machine, machine0), (cgroup, cgroup0), (thread, thread0) = self._read()

@@ -7,6 +7,8 @@ field, never an if/elif chain.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from inferbus_common.codec import Tensor, element_count, serialize_bytes
@@ -40,9 +42,9 @@ def _param_value(p: pb.InferParameter) -> object:
     return getattr(p, kind) if kind else None
 
 
-def parameter_values(params: object) -> dict[str, object]:
+def parameter_values(params: Mapping[str, pb.InferParameter]) -> dict[str, object]:
     """A protobuf parameter map as plain values."""
-    return {k: _param_value(v) for k, v in params.items()}  # type: ignore[attr-defined]
+    return {k: _param_value(v) for k, v in params.items()}
 
 
 def _typed_to_raw(t: pb.ModelInferRequest.InferInputTensor, shape: tuple[int, ...]) -> bytes:
@@ -129,8 +131,10 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
             priority = v
         elif v > 0:
             # Triton's convention: the request parameter "timeout" is in microseconds.
-            t = v / 1e6
-            timeout_override = t if timeout_override is None else min(t, timeout_override)
+            timeout_s = v / 1e6
+            timeout_override = (
+                timeout_s if timeout_override is None else min(timeout_s, timeout_override)
+            )
     outputs = []
     classification: dict[str, int] = {}
     shm_outputs = {}

@@ -174,7 +174,8 @@ class StreamHandler:
                         self._serve_one(request, self._turn(request), headers, context, out)
                     )
                     tasks.add(task)
-                    task.add_done_callback(lambda t: (tasks.discard(t), room.release()))
+                    task.add_done_callback(tasks.discard)
+                    task.add_done_callback(lambda _task: room.release())
                 if tasks:
                     await asyncio.gather(*list(tasks), return_exceptions=True)
             finally:

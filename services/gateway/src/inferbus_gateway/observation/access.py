@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
@@ -31,6 +31,9 @@ from inferbus_common.loopmetrics import LoopGauge, LoopHistogram
 from inferbus_gateway.admission import BreakerOpen
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.triton.tracelog import TraceSettings
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 access_log = logging.getLogger("inferbus_gateway.access")
 ACCESS_LINES = BufferedLines(access_log)
@@ -149,7 +152,7 @@ class RequestScope:
         self.traceparent = traceparent
         self.request: InferRequest | None = None
         self.response: InferResponse | None = None
-        self._span = None
+        self._span: Span | None = None
         self._t0 = 0.0
 
     def __enter__(self) -> RequestScope:

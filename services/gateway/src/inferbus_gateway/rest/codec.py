@@ -257,7 +257,7 @@ def response_to_http(
         The body and, when binary data follows the JSON, the JSON header length.
     """
     outs = []
-    blobs: list[bytes | memoryview] = []
+    blobs: list[bytes | bytearray | memoryview] = []
     for t in resp.outputs:
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
         ref = resp.shm_outputs.get(t.name)

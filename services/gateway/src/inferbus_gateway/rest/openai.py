@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -202,6 +202,7 @@ class _Ending:
 
 def _answered(scope: RequestScope, call: GenerationCall) -> None:
     """Tell `scope` who asked and which version answered (before it finishes)."""
+    # Duck-typed: the access log reads only the id, tenant and version of each.
     scope.request = _Exchange(call.request_id, call.tenant)  # type: ignore[assignment]
     scope.response = _Exchange(call.request_id, call.tenant, call.version)  # type: ignore[assignment]
 
@@ -269,7 +270,7 @@ class _EventStream(StreamingResponse):
     """
 
     def __init__(
-        self, events: AsyncIterator[bytes], headers: dict[str, str], ending: _Ending
+        self, events: AsyncGenerator[bytes, None], headers: dict[str, str], ending: _Ending
     ) -> None:
         super().__init__(events, media_type="text/event-stream", headers=headers)
         self._events = events
@@ -285,21 +286,21 @@ class _EventStream(StreamingResponse):
             if not stream.done():
                 stream.cancel()
             await asyncio.wait({stream})
-            await self._events.aclose()  # type: ignore[attr-defined]
+            await self._events.aclose()
             # A stream closed before its first line never ran its own cleanup.
             self._ending.finish(asyncio.CancelledError())
-        if not stream.cancelled() and stream.exception() is not None:
-            raise stream.exception()  # type: ignore[misc]
+        if not stream.cancelled() and (error := stream.exception()) is not None:
+            raise error
 
 
 async def _events(
     call: GenerationCall,
     kind: str,
     first: GenerationChunk | None,
-    rest: AsyncIterator[GenerationChunk],
+    rest: AsyncGenerator[GenerationChunk, None],
     include_usage: bool,
     ending: _Ending,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """SSE lines: the first chunk (already received), the rest, usage, [DONE].
 
     The request's scope ends with the stream: with the error it carried, or
@@ -312,7 +313,7 @@ async def _events(
             async for chunk in rest:
                 yield b"data: " + _chunk_json(call, kind, chunk, False) + b"\n\n"
         if include_usage:
-            usage = {
+            usage: dict[str, Any] = {
                 "id": ("chatcmpl-" if kind == "chat" else "cmpl-") + call.request_id,
                 "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
                 "created": call.created,
@@ -329,7 +330,7 @@ async def _events(
         outcome = exc
         raise
     finally:
-        await rest.aclose()  # type: ignore[attr-defined]
+        await rest.aclose()
         _answered(ending.scope, call)
         if outcome is not None:
             ending.scope.response = None

@@ -16,6 +16,7 @@ are read from the registry once per version file (cached by its SHA-256).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,7 @@ def classify(tensor: Tensor, k: int, labels: list[str] | None, *, batched: bool)
     # Stable sort of the negated values: ties keep the lower class index first.
     order = np.argsort(-rows.astype(np.float64), axis=1, kind="stable")[:, :k]
     floating = values.dtype.kind == "f"
-    out = np.empty(order.shape, dtype=object)
+    out: np.ndarray[Any, np.dtype[Any]] = np.empty(order.shape, dtype=object)
     for r in range(order.shape[0]):
         for c in range(k):
             i = int(order[r, c])

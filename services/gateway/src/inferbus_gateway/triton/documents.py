@@ -18,7 +18,7 @@ docs/architecture.md ("Triton's protocol extensions").
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -224,6 +224,9 @@ def triton_statistics(name: str, version: str, stats: ModelStats) -> dict[str, A
     }
 
 
-def to_proto(doc: dict[str, Any], message: Message) -> Message:
+_M = TypeVar("_M", bound=Message)
+
+
+def to_proto(doc: dict[str, Any], message: _M) -> _M:
     """Fill `message` (e.g. ``inference.ModelConfig``) from its JSON form and return it."""
     return json_format.ParseDict(doc, message)

@@ -120,7 +120,7 @@ class RepositoryExtension:
         self._load_timeout_s = load_timeout_s
         self._lazy = lazy
         self._channel: grpc.aio.Channel | None = None
-        self._stub: registry_pb2_grpc.RegistryStub | None = None
+        self._stub: registry_pb2_grpc.RegistryAsyncStub | None = None
 
     async def __aenter__(self) -> RepositoryExtension:
         return self
@@ -141,7 +141,7 @@ class RepositoryExtension:
             self._stub = None
 
     # --- registry calls ---------------------------------------------------------
-    def _registry(self) -> registry_pb2_grpc.RegistryStub:
+    def _registry(self) -> registry_pb2_grpc.RegistryAsyncStub:
         if self._stub is None and self._registry_url:
             self._channel = registry_channel(self._registry_url, self._registry_token)
             self._stub = registry_pb2_grpc.RegistryStub(self._channel)

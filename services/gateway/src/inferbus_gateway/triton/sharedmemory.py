@@ -26,6 +26,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -169,7 +170,7 @@ class SystemSharedMemory:
         for region in regions:
             region.map.close()
 
-    def status(self, owner: str, name: str = "") -> list[dict[str, object]]:
+    def status(self, owner: str, name: str = "") -> list[dict[str, Any]]:
         """Triton's status of region `name`, or of every region of `owner`.
 
         Raises:

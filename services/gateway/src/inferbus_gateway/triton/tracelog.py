@@ -244,6 +244,7 @@ class LogSettings:
                 raise InvalidArgument(
                     f"log setting '{key}' must be a {expected.__name__}, got {value!r}"
                 )
+            assert isinstance(value, bool | int | str)  # checked just above; narrows for mypy
             if key == "log_verbose_level" and isinstance(value, int) and value < 0:
                 raise InvalidArgument("log_verbose_level must be 0 or more")
             current[key] = value

@@ -298,7 +298,7 @@ class RolloutController:
             max_error_rate=max_error_rate,
             max_p99_ratio=max_p99_ratio,
             min_requests=min_requests,
-            on_fail=on_fail,  # type: ignore[arg-type]
+            on_fail=on_fail,  # type: ignore[arg-type]  # check_plan allowed only rollback/pause
             started_by=requested_by,
             ready_timeout_s=ready_timeout_s if ready_timeout_s > 0 else 120.0,
             reason=f"warming up: waiting for a worker to load {version}",

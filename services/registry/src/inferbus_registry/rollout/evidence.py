@@ -129,9 +129,8 @@ class AuditEvidence:
             start_s = rollout.step_started_unix_ms / 1000.0
             config = ConsumerConfig(
                 deliver_policy=DeliverPolicy.BY_START_TIME,
-                opt_start_time=datetime.fromtimestamp(start_s, UTC).strftime(
-                    "%Y-%m-%dT%H:%M:%S.%fZ"
-                ),
+                # nats-py sends a datetime as RFC 3339 UTC text.
+                opt_start_time=datetime.fromtimestamp(start_s, UTC),
                 ack_policy=AckPolicy.NONE,
                 inactive_threshold=30.0,
                 mem_storage=True,

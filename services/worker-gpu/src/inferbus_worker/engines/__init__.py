@@ -69,12 +69,12 @@ def build_engine(
     batched = config.max_batch_size > 0
     sizes = warmup_batch_sizes(config)
     if group is None:
-        (device,) = place_instances(config, gpus)
+        (ordinal,) = place_instances(config, gpus)
         return OnnxRuntimeEngine(
             path,
             engine,
             trt_cache_dir=trt_cache_dir,
-            device_id=device,
+            device_id=ordinal,
             batched=batched,
             batch_sizes=sizes,
         )
@@ -86,12 +86,12 @@ def build_engine(
                 path,
                 engine,
                 trt_cache_dir=trt_cache_dir,
-                device_id=device,
+                device_id=ordinal,
                 cpu_only=cpu_only,
                 batched=batched,
                 batch_sizes=sizes,
             )
-            for device in devices
+            for ordinal in devices
         ]
     )
 

@@ -145,7 +145,7 @@ class NativeLogRelay:
         level = native_level(text)
         if not log.isEnabledFor(level):
             return
-        record = log.makeRecord(log.name, level, "(native)", 0, text, None, None)
+        record = log.makeRecord(log.name, level, "(native)", 0, text, (), None)
         _write(out, _format(record))
 
 

@@ -258,7 +258,7 @@ def _logger(trt: Any) -> Any:
         trt.ILogger.Severity.VERBOSE: logging.DEBUG,
     }
 
-    class _Logger(trt.ILogger):  # type: ignore[misc,name-defined]
+    class _Logger(trt.ILogger):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
 

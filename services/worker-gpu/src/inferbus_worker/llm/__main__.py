@@ -10,20 +10,18 @@ engine that could not be restarted), so its supervisor starts a fresh process.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import sys
 
-from inferbus_common.lifecycle import run, stop_event_on_signals
-from inferbus_common.logs import setup_logging
+from inferbus_common.lifecycle import service_main
 from inferbus_worker.llm.settings import LlmWorkerSettings
 from inferbus_worker.llm.worker import LlmWorker
 
 log = logging.getLogger("inferbus_worker.llm")
 
 
-async def serve(settings: LlmWorkerSettings) -> int:
-    """Serve until SIGTERM or SIGINT (0) or until the worker gives up (1), then drain."""
-    stop = stop_event_on_signals()
+async def serve(settings: LlmWorkerSettings, stop: asyncio.Event) -> int:
+    """Serve until `stop` (SIGTERM or SIGINT: 0) or until the worker gives up (1), then drain."""
     worker = LlmWorker(settings, on_fatal=lambda _reason: stop.set())
     async with worker:
         await stop.wait()
@@ -34,17 +32,11 @@ async def serve(settings: LlmWorkerSettings) -> int:
 
 
 def main() -> None:
-    """Entry point: build settings once, set up logging, run the event loop."""
-    settings = LlmWorkerSettings()
-    setup_logging("llm-worker", settings.log_level, settings.log_format)
-    status: list[int] = []
+    """Run the LLM worker process (settings, logging, event loop, signals).
 
-    async def _serve() -> None:
-        status.append(await serve(settings))
-
-    run(_serve, use_uvloop=settings.use_uvloop, gc_thresholds=settings.gc_thresholds)
-    if status and status[0]:
-        sys.exit(status[0])
+    No tracer: the vLLM environment does not install OpenTelemetry.
+    """
+    service_main("llm-worker", LlmWorkerSettings, serve, tracing=False)
 
 
 if __name__ == "__main__":

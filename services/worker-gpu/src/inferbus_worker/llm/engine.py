@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -288,7 +288,7 @@ class LlmEngine:
 
     async def generate(
         self, request_id: str, request: GenerationRequest, prompt_ids: list[int]
-    ) -> AsyncIterator[Step]:
+    ) -> AsyncGenerator[Step, None]:
         """Run one request; yields a `Step` per engine output (deltas).
 
         Cancelling the consumer aborts the request inside vLLM (its sequences and

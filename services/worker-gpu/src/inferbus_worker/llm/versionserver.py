@@ -255,6 +255,7 @@ class VersionServer(QueueIntake, EngineSupervision):
                         chunk = GenerationChunk(text=step.text, tokens=step.tokens)
                         final = step.finish_reason is not None
                         if final:
+                            # vLLM's reasons (stop, length, abort) are FinishReason's values.
                             chunk.finish_reason = step.finish_reason  # type: ignore[assignment]
                             chunk.prompt_tokens = prompt_tokens
                             chunk.completion_tokens = completion
