@@ -154,6 +154,9 @@ class ServiceProcess:
             **os.environ,
             # Unbuffered, so the log tail in an error shows the latest lines.
             "PYTHONUNBUFFERED": "1",
+            # A free port unless the test names one (the ports file reports it): a
+            # fixed default port is taken by anything else on the machine.
+            f"{self.env_prefix}METRICS_PORT": "0",
             **self._extra_env,
             f"{self.env_prefix}PORTS_FILE": str(self.ports_file),
         }
