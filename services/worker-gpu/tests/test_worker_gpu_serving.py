@@ -109,3 +109,31 @@ async def test_instance_group_serves_with_a_slot_per_instance(
             np.testing.assert_allclose(
                 out.as_numpy(), reference(fraud_dir, x), rtol=1e-5, atol=1e-6
             )
+
+
+async def test_runner_keeps_a_batch_in_flight_per_instance(
+    nats_url: str, fraud_dir: Path, fraud_deployed: DeployedVersion
+) -> None:
+    from .test_worker_runner import GatedEngine, publish, start_runner
+
+    dv = _variant(fraud_deployed, instance_group={"count": 2})
+    gated = [GatedEngine(fraud_dir / "model.onnx") for _ in range(2)]
+    engine = EngineInstances(gated)
+    nc = await nats.connect(nats_url)
+    runner, subjects, replies = await start_runner(nc, engine, dv, max_merge_batches=1)  # type: ignore[arg-type]
+    try:
+        for i in range(4):
+            await publish(nc, subjects, f"b{i}")
+        # Two batches computing at once, one on each instance's own session.
+        await wait_until(lambda: all(g.running == 1 for g in gated))
+        info = await nc.jetstream().consumer_info(subjects.batch_stream, runner.consumer)
+        assert info.num_ack_pending == 2
+        for g in gated:
+            g.gate.set()
+        await wait_until(lambda: len(replies) == 4)
+        assert all(h.STATUS not in m.headers for m in replies)
+    finally:
+        for g in gated:
+            g.gate.set()
+        await runner.stop()
+        await nc.close()

@@ -14,6 +14,7 @@ fastest first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which is why
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -194,7 +195,9 @@ def roomiest(gpus: Sequence[GpuInfo], count: int) -> list[int]:
 
 
 def process_gpus() -> list[GpuInfo]:
-    """The GPUs this process sees (`host_gpus` through ``CUDA_VISIBLE_DEVICES``)."""
-    import os
+    """The GPUs this process sees (`host_gpus` through ``CUDA_VISIBLE_DEVICES``).
 
+    ``CUDA_VISIBLE_DEVICES`` is read here, where it is used: it is the CUDA
+    runtime's contract with the process, not an inferbus setting.
+    """
     return visible_gpus(host_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -129,7 +129,10 @@ class Worker(VersionHost[Runner]):
         engine: Engine | None = None
         runner: Runner | None = None
         try:
-            engine = build_engine(dv.config, directory, trt_cache_dir=self._trt_cache_dir)
+            # In a thread: placing a GPU engine asks NVML or nvidia-smi for free memory.
+            engine = await asyncio.to_thread(
+                build_engine, dv.config, directory, trt_cache_dir=self._trt_cache_dir
+            )
             await asyncio.to_thread(_load_engine, engine, dv.config)
             if dv.config.sequence_batching is not None:
                 # A stateful model: requests come straight from the gateway on this

@@ -6,6 +6,13 @@ other object into its ``repr``, so ``b"hi"`` would reach the model as the
 text ``"b'hi'"``) and gives ``str`` back. The engine decodes string inputs as
 UTF-8 (refusing bytes that are not) and encodes string outputs back, so the
 rest of the worker only ever sees bytes.
+
+Providers: the session is opened with the config's providers and their
+options (`choose_providers`), ONNX Runtime's CPU fallback off. A provider
+that fails to start gives way to the next one the config lists; a session
+that ends up on a provider the config does not list (the CPU, for a
+``["cuda"]`` version) is refused (`check_session_providers`,
+`ProviderUnavailable`: FAILED_PRECONDITION, quoting ONNX Runtime's lines).
 """
 
 from __future__ import annotations
