@@ -35,6 +35,7 @@ from inferbus_common.errors import FailedPrecondition, InferbusError, Unavailabl
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.modelstats import ModelStats
 from inferbus_common.subjects import Subjects
+from inferbus_common.versionnumbers import find_by_number, integer_version
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,9 @@ class DeployedVersion(BaseModel):
     """Base64 Ed25519 signature of `signing.signed_payload` (empty: unsigned)."""
     key_id: str = ""
     """Which registry key signed it."""
+    number: int = 0
+    """Triton-style integer number, unique within the model (`versionnumbers`;
+    0: a record from before versions were numbered)."""
 
     @property
     def has_profile(self) -> bool:
@@ -572,7 +576,8 @@ class Catalog:
         """The deployed version a request for (`model`, `version`) means.
 
         An empty version means the route's stable version; an alias name is
-        resolved through the route's aliases.
+        resolved through the route's aliases; a decimal integer that is no
+        version's name names the version with that number (`versionnumbers`).
         """
         route = self.routes.get(model)
         if not version:
@@ -581,7 +586,14 @@ class Catalog:
             version = route.stable
         elif route is not None and version in route.aliases:
             version = route.aliases[version]
-        return self.versions.get((model, version))
+        dv = self.versions.get((model, version))
+        if dv is None and integer_version(version) is not None:
+            # A Triton tool naming the version by its number (`versionnumbers`).
+            found = find_by_number(
+                version, ((v, d.number) for (m, v), d in self.versions.items() if m == model)
+            )
+            dv = self.versions.get((model, found)) if found else None
+        return dv
 
     def ready_workers(self, model: str, version: str) -> list[WorkerStatus]:
         """Live workers that report (`model`, `version`) ready."""

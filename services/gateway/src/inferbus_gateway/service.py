@@ -30,6 +30,7 @@ from inferbus_common.modelconfig import TensorSpec
 from inferbus_common.modelstats import sum_stats
 from inferbus_common.subjects import Subjects
 from inferbus_common.validation import RequestChecker
+from inferbus_common.versionnumbers import check_version_text, downstream_version, triton_label
 from inferbus_common.wire import FrameError, decode_tensors
 from inferbus_gateway.admission import Admission, BreakerOpen, fallback_outputs
 from inferbus_gateway.auditbatch import AuditBatches
@@ -236,6 +237,8 @@ class InferenceService:
         """
         if not model:
             raise InvalidArgument("a model name is required")
+        if version:
+            check_version_text(version)
         dv = self._catalog.resolve(model, version)
         if dv is not None:
             return dv
@@ -326,8 +329,15 @@ class InferenceService:
                 for v in catalog.routes[name].versions
                 if (name, v) in catalog.versions
             ]
+        # Labelled with each version's number: Triton's tools look statistics up
+        # under an integer (`versionnumbers`).
         return [
-            triton_statistics(m, v, sum_stats(catalog.version_stats(m, v))) for m, v in sorted(keys)
+            triton_statistics(
+                m,
+                triton_label(v, catalog.versions[(m, v)].number),
+                sum_stats(catalog.version_stats(m, v)),
+            )
+            for m, v in sorted(keys)
         ]
 
     async def caller(self, headers: Mapping[str, str]) -> str:
@@ -620,7 +630,7 @@ class InferenceService:
         else:
             reply = await self._dispatcher.call(
                 request.model,
-                version=request.version,
+                version=downstream_version(request.version, dv.version),
                 request_id=request_id,
                 tensors=request.inputs,
                 outputs=request.outputs,
