@@ -12,6 +12,7 @@ from inferbus_common.versionnumbers import (
     integer_version,
     next_number,
     number_of,
+    statistics_labels,
     triton_label,
 )
 
@@ -40,6 +41,18 @@ def test_numbers_name_versions_and_label_statistics() -> None:
     assert number_of("4", 0) == 4 and number_of("1.0.0", 0) == 0
     assert triton_label("1.0.0", 1) == "1"
     assert triton_label("1.0.0", 0) == "1.0.0"
+
+
+def test_statistics_are_labelled_as_perf_analyzer_looks_them_up() -> None:
+    # A listing: each version under its number.
+    assert statistics_labels("", "1.5.0", 2) == ["2"]
+    assert statistics_labels("", "0.9.0", 0) == ["0.9.0"]
+    # Named: under the name used and, for a non-integer, under stoll's integer too.
+    assert statistics_labels("1.0.0", "1.0.0", 1) == ["1.0.0", "1"]
+    assert statistics_labels("1.5.0", "1.5.0", 2) == ["1.5.0", "1"]
+    assert statistics_labels("2", "1.5.0", 2) == ["2"]
+    assert statistics_labels("3", "3", 3) == ["3"]
+    assert statistics_labels("stable", "1.5.0", 2) == ["stable"]
 
 
 def test_only_a_number_is_replaced_by_its_version_downstream() -> None:

@@ -16,10 +16,11 @@ its ``manifest.json`` and carried in its catalog record
 
 Numbers are unique within a model, so the decimal form of a number names
 exactly one version: wherever a version is accepted, its number is too
-(`find_by_number`). Statistics label every version with its number
-(`triton_label`). The registry refuses an integer version whose integer is
-already another version's number. See docs/architecture.md ("Version
-numbers for Triton's tools").
+(`find_by_number`). Statistics label every version with its number, or
+with what perf_analyzer will look for when it was named
+(`statistics_labels`). The registry refuses an integer version whose
+integer is already another version's number. See docs/architecture.md
+("Version numbers for Triton's tools").
 
 Pure functions over plain values, so that the gateway's catalog, the
 registry and the version resolver can all call them.
@@ -97,6 +98,29 @@ def triton_label(version: str, number: int) -> str:
     decimal, or the version itself when it has none."""
     n = number_of(version, number)
     return str(n) if n > 0 else version
+
+
+_LEADING_DIGITS_RE = re.compile(r"^[0-9]{1,18}")
+
+
+def statistics_labels(asked: str, version: str, number: int) -> list[str]:
+    """The ``version`` labels of a version's statistics entries.
+
+    Asked for no version in particular (a listing), each version is labelled
+    with its number (`triton_label`). Asked for one by name, its entry is
+    labelled with the name the client used and, when that name is not a plain
+    integer, repeated under the integer Triton's clients read from it (the
+    leading digits, as ``stoll``: ``1.0.0`` → ``1``): perf_analyzer given
+    ``-x 1.0.0`` looks the figures up under ``"1.0.0"`` and then under
+    ``"1"``, and fails unless both are there.
+    """
+    if not asked:
+        return [triton_label(version, number)]
+    labels = [asked]
+    lead = _LEADING_DIGITS_RE.match(asked)
+    if lead is not None and str(int(lead.group())) != asked:
+        labels.append(str(int(lead.group())))
+    return labels
 
 
 def downstream_version(asked: str, resolved: str) -> str:

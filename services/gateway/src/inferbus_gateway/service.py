@@ -30,7 +30,11 @@ from inferbus_common.modelconfig import TensorSpec
 from inferbus_common.modelstats import sum_stats
 from inferbus_common.subjects import Subjects
 from inferbus_common.validation import RequestChecker
-from inferbus_common.versionnumbers import check_version_text, downstream_version, triton_label
+from inferbus_common.versionnumbers import (
+    check_version_text,
+    downstream_version,
+    statistics_labels,
+)
 from inferbus_common.wire import FrameError, decode_tensors
 from inferbus_gateway.admission import Admission, BreakerOpen, fallback_outputs
 from inferbus_gateway.auditbatch import AuditBatches
@@ -329,15 +333,15 @@ class InferenceService:
                 for v in catalog.routes[name].versions
                 if (name, v) in catalog.versions
             ]
-        # Labelled with each version's number: Triton's tools look statistics up
-        # under an integer (`versionnumbers`).
+        # Labelled as Triton's tools look statistics up: by integer
+        # (`versionnumbers.statistics_labels`).
         return [
-            triton_statistics(
-                m,
-                triton_label(v, catalog.versions[(m, v)].number),
-                sum_stats(catalog.version_stats(m, v)),
-            )
+            triton_statistics(m, label, stats)
             for m, v in sorted(keys)
+            for stats in [sum_stats(catalog.version_stats(m, v))]
+            for label in statistics_labels(
+                version if model else "", v, catalog.versions[(m, v)].number
+            )
         ]
 
     async def caller(self, headers: Mapping[str, str]) -> str:
