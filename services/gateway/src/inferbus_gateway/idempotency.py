@@ -15,6 +15,7 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from prometheus_client import Counter
 
@@ -40,6 +41,18 @@ def request_key(request: InferRequest) -> str:
         h.update(f"{t.name}|{t.datatype}|{t.shape}".encode())
         h.update(t.data)
     return h.hexdigest()
+
+
+def _own_copy(response: InferResponse) -> InferResponse:
+    """A copy whose lists and maps the caller may change: the steps after this one
+    replace outputs in place (classification) and set shared-memory outputs, which
+    must not reach the cached answer or another attempt's copy of it."""
+    return replace(
+        response,
+        outputs=list(response.outputs),
+        timings_ms=dict(response.timings_ms),
+        shm_outputs=dict(response.shm_outputs),
+    )
 
 
 class IdempotencyCache:
@@ -75,13 +88,13 @@ class IdempotencyCache:
         if cached is not None:
             if now - cached[0] <= self._window:
                 REPLAYED.labels("cached").inc()
-                return cached[1]
+                return _own_copy(cached[1])
             del self._done[key]
         pending = self._inflight.get(key)
         if pending is not None:
             REPLAYED.labels("joined").inc()
             try:
-                return await asyncio.shield(pending)
+                return _own_copy(await asyncio.shield(pending))
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if pending.cancelled() and task is not None and not task.cancelling():
@@ -101,8 +114,9 @@ class IdempotencyCache:
             fut.exception()
             raise
         else:
-            fut.set_result(response)
-            self._done[key] = (self._clock(), response)
+            kept = _own_copy(response)
+            fut.set_result(kept)
+            self._done[key] = (self._clock(), kept)
             while len(self._done) > self._max:
                 self._done.popitem(last=False)
             return response
