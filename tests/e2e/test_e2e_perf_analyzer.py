@@ -21,7 +21,11 @@ import shutil
 import sys
 from pathlib import Path
 
+import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -136,3 +140,37 @@ def test_perf_analyzer_measures_semantic_and_integer_versions(
     assert row.throughput > 0
     assert 0 < row.p50_us <= row.p99_us
     assert "Server:" in output
+
+
+def test_statistics_and_versions_answer_perf_analyzers_integer_lookups(
+    stack, versioned: dict[str, str]
+) -> None:
+    """What perf_analyzer relies on, checked without it (runs where it is absent)."""
+    base = f"http://{stack.http_url}/v2/models/fraud-semver"
+
+    def labels(path: str) -> list[str]:
+        resp = httpx.get(f"{base}{path}/stats", timeout=10)
+        assert resp.status_code == 200, resp.text
+        return [e["version"] for e in resp.json()["model_stats"]]
+
+    assert labels("") == ["1"]  # listed by number: stoll finds it without -x
+    assert labels("/versions/1.0.0") == ["1.0.0", "1"]  # -x 1.0.0 looks up both
+    assert labels("/versions/1") == ["1"]  # -x 1: the number
+    assert httpx.get(f"{base}/versions/1", timeout=10).json()["versions"] == ["1.0.0"]
+    client = grpcclient.InferenceServerClient(stack.grpc_url)
+    try:
+        x = np.zeros((1, 64), dtype=np.float32)
+        inp = grpcclient.InferInput("input", [1, 64], "FP32")
+        inp.set_data_from_numpy(x)
+        # Pinned by its number, answered by the version itself.
+        answer = client.infer("fraud-semver", [inp], model_version="1")
+        assert answer.get_response().model_version == "1.0.0"
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("fraud-semver", [inp], model_version="1.0.0/x")
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "failed to get model version from specified version string" in str(info.value)
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("fraud-semver", [inp], model_version="7")
+        assert info.value.status() == "StatusCode.NOT_FOUND"
+    finally:
+        client.close()
