@@ -248,7 +248,10 @@ def test_rest_sequence_and_shared_memory_parameters() -> None:
         request_from_http("m", "", orjson.dumps(bad), None, None)
 
 
-def test_rest_shared_memory_output_refuses_binary_data_like_triton() -> None:
+@pytest.mark.parametrize(("key", "value"), [("binary_data", True), ("classification", 2)])
+def test_rest_shared_memory_output_refuses_binary_data_or_classification_like_triton(
+    key: str, value: object
+) -> None:
     body = {
         "inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [1]}],
         "outputs": [
@@ -257,12 +260,12 @@ def test_rest_shared_memory_output_refuses_binary_data_like_triton() -> None:
                 "parameters": {
                     "shared_memory_region": "out",
                     "shared_memory_byte_size": 4,
-                    "binary_data": True,
+                    key: value,
                 },
             }
         ],
     }
-    with pytest.raises(InvalidArgument, match="both 'shared_memory_region' and 'binary_data'"):
+    with pytest.raises(InvalidArgument, match=f"both 'shared_memory_region' and '{key}'"):
         request_from_http("m", "", orjson.dumps(body), None, None)
 
 

@@ -143,6 +143,11 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
             classification[o.name] = class_count(params["classification"], o.name)
         ref = shm_ref(params, f"output '{o.name}'")
         if ref is not None:
+            if o.name in classification:
+                # Triton's check and wording.
+                raise InvalidArgument(
+                    "Output can't set both 'shared_memory_region' and 'classification'"
+                )
             shm_outputs[o.name] = ref
     return InferRequest(
         model=req.model_name,

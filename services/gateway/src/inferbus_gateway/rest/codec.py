@@ -211,11 +211,13 @@ def request_from_http(
             classification[out["name"]] = class_count(op["classification"], out["name"])
         ref = shm_ref(op, f"output '{out['name']}'")
         if ref is not None:
-            if op.get("binary_data"):
-                # Triton's check and wording (its HTTP frontend refuses the pair).
-                raise InvalidArgument(
-                    "Output can't set both 'shared_memory_region' and 'binary_data'"
-                )
+            # Triton's checks and wording: an output in shared memory is neither
+            # sent after the JSON nor replaced by its top classes.
+            for other in ("binary_data", "classification"):
+                if op.get(other):
+                    raise InvalidArgument(
+                        f"Output can't set both 'shared_memory_region' and '{other}'"
+                    )
             shm_outputs[out["name"]] = ref
     priority = _int_parameter(req_params, "priority")
     timeout_param = _int_parameter(req_params, "timeout")
