@@ -28,6 +28,9 @@ def test_integer_versions_are_their_own_number_and_others_count_up() -> None:
     assert next_number("2", {"2": 2, "1.0.0": 1}) == 2
     with pytest.raises(FailedPrecondition, match=r"'1\.0\.0' already has it"):
         next_number("1", {"1.0.0": 1})
+    # Numbers deleted versions had never come back for another version.
+    assert next_number("2.0.0", {"1.0.0": 1}, floor=4) == 5
+    assert next_number("3", {"1.0.0": 1}, floor=4) == 3
 
 
 def test_numbers_name_versions_and_label_statistics() -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from inferbus_client.registry import RegistryClient
 from inferbus_common.catalog import parse_deployed_version
-from inferbus_common.errors import FailedPrecondition
+from inferbus_common.errors import FailedPrecondition, NotFound
 from inferbus_registry.app import RegistryApp
 
 
@@ -54,3 +54,15 @@ async def test_versions_are_numbered_at_push_and_named_by_their_number(
         assert parse_deployed_version(entry.value).number == 2
     finally:
         await nc.close()
+
+
+async def test_a_deleted_versions_number_never_names_another_version(
+    client: RegistryClient, make_version: Callable[..., Path]
+) -> None:
+    await client.push(make_version(seed=0.1), "fraud", "1.0.0", aliases=["stable"])
+    await client.push(make_version(seed=0.2), "fraud", "1.1.0")
+    await client.delete_version("fraud", "1.1.0")
+    info = await client.push(make_version(seed=0.3), "fraud", "1.2.0")
+    assert json.loads(info.manifest_json)["number"] == 3
+    with pytest.raises(NotFound):
+        await client.get_version("fraud", "2")

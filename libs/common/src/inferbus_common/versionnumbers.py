@@ -11,8 +11,8 @@ its ``manifest.json`` and carried in its catalog record
 
 - a version that is a plain integer (``3``) has that integer as its number,
   so Triton-style repositories keep their numbering;
-- any other version gets one more than the highest number the model's
-  versions have, so numbers grow with every push.
+- any other version gets one more than the highest number the model has
+  given (deleted versions included), so numbers grow with every push.
 
 Numbers are unique within a model, so the decimal form of a number names
 exactly one version: wherever a version is accepted, its number is too
@@ -53,13 +53,16 @@ def number_of(version: str, number: int) -> int:
     return integer_version(version) or 0
 
 
-def next_number(version: str, taken: Mapping[str, int]) -> int:
+def next_number(version: str, taken: Mapping[str, int], floor: int = 0) -> int:
     """The number the registry gives a new `version` of a model.
 
     Args:
         version: the version being pushed.
         taken: the numbers of the model's other versions (version → number;
             0 for none).
+        floor: the highest number the model ever gave (deleted versions
+            included); a non-integer version gets a number above it, so a
+            number never comes back for another version.
 
     Raises:
         FailedPrecondition: `version` is an integer that another version
@@ -74,7 +77,7 @@ def next_number(version: str, taken: Mapping[str, int]) -> int:
                 f"{used[own]!r} already has it; push it under another version"
             )
         return own
-    return max(used, default=0) + 1
+    return max(max(used, default=0), floor) + 1
 
 
 def find_by_number(text: str, numbered: Iterable[tuple[str, int]]) -> str | None:

@@ -19,6 +19,10 @@ from inferbus_registry.store import Store
 MANIFEST_KEY = "number"
 """The manifest field that holds the version's number."""
 
+HIGHEST_FILE = "numbers.json"
+"""In a model's folder: the highest number it ever gave (``{"highest": n}``),
+kept when versions are deleted so that their numbers never come back."""
+
 
 def manifest_number(manifest: dict[str, object], version: str) -> int:
     """The number a parsed manifest records for `version` (see `number_of`)."""
@@ -37,3 +41,18 @@ async def version_numbers(store: Store, prefix: str, versions: list[str]) -> dic
             continue
         numbers[version] = manifest_number(manifest, version)
     return numbers
+
+
+async def highest_number(store: Store, prefix: str) -> int:
+    """The highest number the model under `prefix` ever gave (0: none recorded)."""
+    try:
+        doc = await store.read_json(f"{prefix}/{HIGHEST_FILE}")
+    except NotFound:
+        return 0
+    value = doc.get("highest") if isinstance(doc, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+async def record_highest(store: Store, prefix: str, number: int) -> None:
+    """Remember `number` as the highest the model under `prefix` gave."""
+    await store.write_bytes(f"{prefix}/{HIGHEST_FILE}", json.dumps({"highest": number}).encode())

@@ -6,6 +6,7 @@ Layout (see docs/architecture.md)::
     models/<name>/<version>/config.json     # the version's ModelConfig
     models/<name>/<version>/manifest.json   # sha256 + size of every file, signature
     models/<name>/aliases.json              # {"model": ..., "aliases": {alias: version}}
+    models/<name>/numbers.json              # {"highest": n}: version numbers (`numbering`)
 
 A version exists once its `manifest.json` exists: it is written last, so an
 interrupted push leaves files without a manifest, which a later push of the
@@ -807,11 +808,16 @@ class ModelRepository:
                     "value": sign(self._signing_key, payload),
                 }
             # Under the model's lock: no other push takes the same number.
-            number = next_number(version, await self.numbers(model))
+            highest = await numbering.highest_number(self.store, f"{ROOT}/{model}")
+            number = next_number(version, await self.numbers(model), floor=highest)
             manifest_json = build_manifest(model, version, files, created_ms, sig, number)
             # The manifest goes last: its presence is what makes the version exist.
             await self.store.write_bytes(f"{prefix}/{MANIFEST_FILE}", manifest_json)
             stored += len(manifest_json)
+            if number > highest:
+                # After the manifest: a crash in between loses nothing, the
+                # manifests' numbers count too.
+                await numbering.record_highest(self.store, f"{ROOT}/{model}", number)
             record = VersionRecord(
                 model=model,
                 version=version,
