@@ -12,6 +12,11 @@ it at each concurrency and puts its CSV figures in one table::
         --concurrency 1 2 4 8 16
     uv run inferbus down --home /tmp/pa-stack
 
+A model pushed with a semantic version (``--version 1.0.0``) is measured the
+same way; to pin a version pass ``--pa-args '-x 1.0.0'`` or its number
+(``-x 1``, see ``inferbus models list``; docs/architecture.md, "Version
+numbers for Triton's tools").
+
 The binary comes from `scripts/install-perf-analyzer.sh` (``--binary`` or
 ``$INFERBUS_PERF_ANALYZER_DIR``/``.venvs/perf_analyzer`` by default). Server
 figures are as of the workers' last heartbeats (docs/architecture.md,

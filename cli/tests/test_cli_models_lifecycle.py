@@ -181,3 +181,18 @@ async def test_push_of_an_onnx_file_without_batch_axis_takes_shapes_literally(
     junk.write_bytes(b"not a model")
     assert await _cli("models", "push", str(junk), "--name", "junk", "--version", "1", *reg) == 1
     assert "not a valid ONNX model" in capsys.readouterr().err
+
+
+async def test_list_shows_each_version_with_its_number(
+    registry: RegistryApp, fraud_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reg = ["--registry", f"127.0.0.1:{registry.grpc_port}"]
+    for version in ("1.0.0", "3"):
+        push = ["models", "push", str(fraud_model), "--name", "fraud", "--version", version]
+        assert await _cli(*push, *reg) == 0
+    capsys.readouterr()
+    assert await _cli("models", "list", *reg) == 0
+    # 1.0.0 is number 1 (perf_analyzer -x 1); an integer version is its own number.
+    assert capsys.readouterr().out.splitlines()[-1].split()[:2] == ["fraud", "1.0.0#1,3"]
+    assert await _cli("models", "list", "--json", *reg) == 0
+    assert json.loads(capsys.readouterr().out)[0]["numbers"] == {"1.0.0": 1, "3": 3}

@@ -159,6 +159,28 @@ async def test_resolve_follows_routes_aliases_and_deletes(js: JetStreamContext) 
             catalog.deployed(MODEL, "2")
 
 
+async def test_a_version_number_names_its_version(js: JetStreamContext) -> None:
+    models, routes, _ = await _buckets(js)
+    async with Catalog(js, S) as catalog:
+        await catalog.wait_loaded(WAIT)
+        for version, number in (("1.0.0", 1), ("1.5.0", 2), ("5", 5)):
+            record = _version(version).model_copy(update={"number": number})
+            await models.put(S.model_key(MODEL, version), record.model_dump_json().encode())
+        route = Route(model=MODEL, stable="1.0.0", versions=["1.0.0", "1.5.0", "5"])
+        await routes.put(S.model_key(MODEL), route.model_dump_json().encode())
+        assert await catalog.wait_for(lambda: len(catalog.versions) == 3, WAIT)
+
+        def version_of(version: str) -> str | None:
+            dv = catalog.resolve(MODEL, version)
+            return None if dv is None else dv.version
+
+        assert version_of("1") == "1.0.0"
+        assert version_of("2") == "1.5.0"
+        assert version_of("5") == "5"
+        assert version_of("1.5.0") == "1.5.0"
+        assert version_of("3") is None
+
+
 async def test_worker_heartbeats_and_states(js: JetStreamContext) -> None:
     _, _, workers = await _buckets(js)
     key = f"{MODEL}/1"

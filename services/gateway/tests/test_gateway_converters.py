@@ -197,7 +197,19 @@ def test_shared_memory_inputs_and_outputs_are_named_not_sent() -> None:
         request_from_proto(req, None)
 
 
-def test_shared_memory_outputs_carry_their_region_and_no_bytes() -> None:
+def test_a_shared_memory_output_is_not_classified_like_triton() -> None:
+    req = pb.ModelInferRequest(model_name="m")
+    o = req.outputs.add(name="y")
+    o.parameters["shared_memory_region"].string_param = "out"
+    o.parameters["shared_memory_byte_size"].int64_param = 64
+    o.parameters["classification"].int64_param = 1
+    with pytest.raises(InvalidArgument, match="both 'shared_memory_region' and 'classification'"):
+        request_from_proto(req, None)
+
+
+def test_shared_memory_outputs_keep_their_place_with_an_empty_raw_entry() -> None:
+    # Triton keeps one raw entry per output (empty for one in shared memory);
+    # its C++ client reads raw_output_contents by the output's position.
     resp = InferResponse(
         model="m",
         version="1",
@@ -207,8 +219,6 @@ def test_shared_memory_outputs_carry_their_region_and_no_bytes() -> None:
     )
     msg = response_to_proto(resp)
     y, z = msg.outputs
-    assert not z.parameters
-    assert y.parameters["shared_memory_region"].string_param == "out"
-    assert y.parameters["shared_memory_byte_size"].int64_param == 64
-    assert y.parameters["shared_memory_offset"].int64_param == 8
-    assert list(msg.raw_output_contents) == [b"\x01\0\0\0"]
+    assert (y.name, y.datatype, list(y.shape)) == ("y", "INT32", [1, 16])
+    assert not y.parameters and not z.parameters
+    assert list(msg.raw_output_contents) == [b"", b"\x01\0\0\0"]

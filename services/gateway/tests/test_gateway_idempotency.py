@@ -47,11 +47,29 @@ async def test_retry_replays_and_concurrent_retry_joins() -> None:
     await asyncio.sleep(0)
     gate.set()
     a, b = await asyncio.gather(first, second)
-    assert a is b and calls == 1
-    assert await cache.run(_request("r1", 1.0), compute) is a and calls == 1
+    assert a == b and calls == 1
+    assert await cache.run(_request("r1", 1.0), compute) == a and calls == 1
     clock.now = 11
     await cache.run(_request("r1", 1.0), compute)
     assert calls == 2
+
+
+async def test_a_replay_is_not_changed_by_what_the_first_caller_did_to_its_answer() -> None:
+    # The steps after the cache replace outputs in place (classification): a
+    # retry must get the model's answer, not one classified already.
+    cache = IdempotencyCache(window_s=10)
+    y = tensor_from_numpy("y", np.arange(4, dtype=np.float32).reshape(1, 4))
+
+    async def compute() -> InferResponse:
+        return InferResponse("m", "1", "r1", [y])
+
+    first = await cache.run(_request("r1", 1.0), compute)
+    first.outputs[0] = tensor_from_numpy("y", np.array([[b"3.0:3"]], dtype=object))
+    first.timings_ms["total"] = 1.0
+    again = await cache.run(_request("r1", 1.0), compute)
+    assert again.outputs == [y] and again.timings_ms == {}
+    again.outputs.clear()
+    assert (await cache.run(_request("r1", 1.0), compute)).outputs == [y]
 
 
 async def test_same_id_different_inputs_or_no_id_is_computed() -> None:

@@ -8,9 +8,9 @@ import numpy as np
 import orjson
 import pytest
 
-from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.codec import Tensor, tensor_from_numpy
 from inferbus_common.errors import InvalidArgument
-from inferbus_gateway.canonical import InferResponse
+from inferbus_gateway.canonical import InferResponse, ShmRef
 from inferbus_gateway.rest.codec import request_from_http, response_to_http
 
 
@@ -231,7 +231,6 @@ def test_rest_sequence_and_shared_memory_parameters() -> None:
                     "parameters": {
                         "shared_memory_region": "out",
                         "shared_memory_byte_size": 64,
-                        "binary_data": True,
                     },
                 }
             ],
@@ -239,10 +238,48 @@ def test_rest_sequence_and_shared_memory_parameters() -> None:
         }
     )
     req, binary, _ = request_from_http("m", "", body, None, None)
-    assert binary == {"y"}
+    assert binary == set()
     assert req.sequence is not None and (req.sequence.id, req.sequence.start) == ("s-1", True)
     assert req.shm_inputs["x"].region == "in" and req.shm_outputs["y"].region == "out"
     bad = orjson.loads(body)
     bad["parameters"]["sequence_start"] = "yes"
     with pytest.raises(InvalidArgument, match="must be a bool"):
         request_from_http("m", "", orjson.dumps(bad), None, None)
+
+
+@pytest.mark.parametrize(("key", "value"), [("binary_data", True), ("classification", 2)])
+def test_rest_shared_memory_output_refuses_binary_data_or_classification_like_triton(
+    key: str, value: object
+) -> None:
+    body = {
+        "inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [1]}],
+        "outputs": [
+            {
+                "name": "y",
+                "parameters": {
+                    "shared_memory_region": "out",
+                    "shared_memory_byte_size": 4,
+                    key: value,
+                },
+            }
+        ],
+    }
+    with pytest.raises(InvalidArgument, match=f"both 'shared_memory_region' and '{key}'"):
+        request_from_http("m", "", orjson.dumps(body), None, None)
+
+
+def test_rest_shared_memory_output_is_answered_without_parameters_or_data() -> None:
+    resp = InferResponse(
+        model="m",
+        version="1",
+        id="r",
+        outputs=[Tensor("y", "INT32", (1,), b""), Tensor("z", "INT32", (1,), b"\x01\0\0\0")],
+        shm_outputs={"y": ShmRef("out", 4)},
+    )
+    body, header_length = response_to_http(resp, {"z"}, False)
+    assert header_length is not None
+    y, z = orjson.loads(body[:header_length])["outputs"]
+    # Triton's C++ client requires binary_data_size in any output's parameters.
+    assert y == {"name": "y", "datatype": "INT32", "shape": [1]}
+    assert z["parameters"] == {"binary_data_size": 4}
+    assert body[header_length:] == b"\x01\0\0\0"

@@ -54,6 +54,7 @@ async def test_s3_round_trip_and_restart(
         "models/fraud/1.0.0/manifest.json",
         "models/fraud/1.0.0/model.onnx",
         "models/fraud/aliases.json",
+        "models/fraud/numbers.json",
     ]
 
     # A fresh catalog is rebuilt from S3 on start-up.

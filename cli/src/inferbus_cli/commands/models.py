@@ -65,6 +65,7 @@ def model_to_json(info: rpb.ModelInfo) -> dict[str, Any]:
         "aliases": dict(info.aliases),
         "archived": list(info.archived),
         "unloaded": info.unloaded,
+        "numbers": dict(info.numbers),
     }
 
 
@@ -135,6 +136,13 @@ def derived_summary(info: rpb.VersionInfo) -> str:
     return "\n".join(lines)
 
 
+def _numbered(version: str, numbers: dict[str, int]) -> str:
+    """``1.0.0#1``: a version with its Triton-style number (just the version when it
+    is its own number, or has none)."""
+    number = numbers.get(version, 0)
+    return version if not number or str(number) == version else f"{version}#{number}"
+
+
 def run_list(args: argparse.Namespace) -> int:
     """List every model with its versions and aliases."""
     address = _registry_address(args)
@@ -153,7 +161,8 @@ def run_list(args: argparse.Namespace) -> int:
     rows = [
         [
             m["name"],
-            ",".join(m["versions"]) or "-",
+            # Each version with its Triton-style number, e.g. 1.0.0#1 (perf_analyzer -x 1).
+            ",".join(_numbered(v, m["numbers"]) for v in m["versions"]) or "-",
             ",".join(f"{a}={v}" for a, v in sorted(m["aliases"].items())) or "-",
             ",".join(m["archived"]) or "-",
             "unloaded" if m["unloaded"] else "yes",

@@ -36,6 +36,7 @@ from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.modelstats import ModelStats
 from inferbus_common.resolver import pinned_version
 from inferbus_common.subjects import Subjects
+from inferbus_common.versionnumbers import integer_version
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,9 @@ class DeployedVersion(BaseModel):
     """Base64 Ed25519 signature of `signing.signed_payload` (empty: unsigned)."""
     key_id: str = ""
     """Which registry key signed it."""
+    number: int = 0
+    """Triton-style integer number, unique within the model (`versionnumbers`;
+    0: a record from before versions were numbered)."""
 
     @property
     def has_profile(self) -> bool:
@@ -602,19 +606,30 @@ class Catalog:
     ) -> DeployedVersion:
         """The deployed version a request for (`model`, `pin`) means.
 
-        The pin (a version, an alias, ``stable``/``canary``, or '' for the
-        route's stable version) is read by `resolver.pinned_version`, the
-        rule the router applies too.
+        The pin (a version, an alias, ``stable``/``canary``, a version number,
+        or '' for the route's stable version) is read by
+        `resolver.pinned_version`, the rule the router applies too; an integer
+        pin that names no version is looked up among the model's numbers
+        (`numbers`) unless the caller brings its own.
 
         Raises:
             NotFound: the model has no route, the pin names nothing, or the
                 version it names has no record in the models bucket.
         """
+        if numbers is None and integer_version(pin) is not None:
+            numbers = self.numbers(model)
         version = pinned_version(self.routes.get(model), model, pin, numbers)
         dv = self.versions.get((model, version))
         if dv is None:
             raise NotFound(f"model '{model}' version '{version}' is not deployed")
         return dv
+
+    def numbers(self, model: str) -> dict[str, str]:
+        """`model`'s version numbers (decimal text) → versions (`versionnumbers`):
+        what a Triton tool naming a version by its number means."""
+        return {
+            str(dv.number): v for (m, v), dv in self.versions.items() if m == model and dv.number
+        }
 
     def resolve(self, model: str, version: str = "") -> DeployedVersion | None:
         """`deployed`, or None where it raises NotFound."""

@@ -30,6 +30,7 @@ from inferbus_common.codec import (
 from inferbus_common.datatypes import ALL_DATATYPES
 from inferbus_common.engineconfig import EngineConfig, InstanceGroup, check_instance_group
 from inferbus_common.errors import InvalidArgument
+from inferbus_common.imageformat import Format, check_formats
 
 
 class TensorSpec(BaseModel):
@@ -49,13 +50,18 @@ class TensorSpec(BaseModel):
     """Outputs only: labels file in the version directory (line i names class i),
     used by Triton's classification extension (``class_count`` on a requested
     output answers "score:index:label" strings of the top classes)."""
+    format: Format | None = None
+    """Inputs only: image layout (``FORMAT_NCHW``, ``FORMAT_NHWC``, ``FORMAT_NONE``),
+    reported in Triton's model configuration; filled in at push where the shape
+    makes it clear (`inferbus_common.imageformat`)."""
 
     @model_serializer(mode="wrap")
     def _omit_absent_labels(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Left out when unset, so configs without it dump (and hash) as before it existed.
+        # Left out when unset, so configs without them dump (and hash) as before they existed.
         data: dict[str, Any] = handler(self)
-        if isinstance(data, dict) and data.get("label_filename") is None:
-            data.pop("label_filename", None)
+        for key in ("label_filename", "format"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
     @field_validator("datatype")
@@ -584,6 +590,7 @@ class ModelConfig(BaseModel):
         _check_sequences(self)
         _check_decoupled(self)
         check_instance_group(self)
+        check_formats(self)
         return self
 
     def label_files(self) -> list[str]:

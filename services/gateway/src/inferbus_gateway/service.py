@@ -16,6 +16,7 @@ from inferbus_common.catalog import Catalog, DeployedVersion
 from inferbus_common.errors import InferbusError, PermissionDenied
 from inferbus_common.modelconfig import TensorSpec
 from inferbus_common.modelstats import sum_stats
+from inferbus_common.versionnumbers import statistics_labels
 from inferbus_gateway.admission import Admission
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.pipeline import Closable, InferCall, InferHandler, Step, compose
@@ -201,8 +202,15 @@ class InferenceService:
                 for v in catalog.routes[name].versions
                 if (name, v) in catalog.versions
             ]
+        # Labelled as Triton's tools look statistics up: by integer
+        # (`versionnumbers.statistics_labels`).
         return [
-            triton_statistics(m, v, sum_stats(catalog.version_stats(m, v))) for m, v in sorted(keys)
+            triton_statistics(m, label, stats)
+            for m, v in sorted(keys)
+            for stats in [sum_stats(catalog.version_stats(m, v))]
+            for label in statistics_labels(
+                version if model else "", v, catalog.versions[(m, v)].number
+            )
         ]
 
     async def caller(self, headers: Mapping[str, str]) -> str:

@@ -52,7 +52,8 @@ class GatewaySettings(ServiceSettings):
     """Audit records of one model are published together, one message at most every
     this many ms (one record per line); 0 publishes each record as its own message."""
     server_name: str = "inferbus"
-    """Name reported by ServerMetadata."""
+    """Name reported by ServerMetadata (``INFERBUS_GATEWAY_SERVER_NAME``; Triton's
+    health/metadata example clients expect ``triton``)."""
     stream_max_in_flight: int = Field(default=256, ge=1)
     """Requests of one ModelStreamInfer stream being served at once; the stream is
     read no further until one finishes (gRPC flow control then holds the client)."""

@@ -6,6 +6,7 @@ Layout (see docs/architecture.md)::
     models/<name>/<version>/config.json     # the version's ModelConfig
     models/<name>/<version>/manifest.json   # sha256 + size of every file, signature
     models/<name>/aliases.json              # {"model": ..., "aliases": {alias: version}}
+    models/<name>/numbers.json              # {"highest": n}: version numbers (`numbering`)
 
 A version exists once its `manifest.json` exists: it is written last, so an
 interrupted push leaves files without a manifest, which a later push of the
@@ -34,9 +35,11 @@ from pydantic import ValidationError
 
 from inferbus_common.catalog import DeployedVersion, Route
 from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound
+from inferbus_common.imageformat import complete_formats
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.signing import ALGORITHM, sign, signed_payload
-from inferbus_registry import naming
+from inferbus_common.versionnumbers import find_by_number, integer_version, next_number
+from inferbus_registry import naming, numbering
 from inferbus_registry.integrity import verify_artifact
 from inferbus_registry.onnxcheck import check_onnx, derive_config
 from inferbus_registry.processingcheck import check_label_files, check_processing
@@ -81,6 +84,8 @@ class VersionRecord:
     key_id: str = ""
     profile_json: bytes = b""
     """The version's drift reference (``profile.json``) when it has one, else empty."""
+    number: int = 0
+    """Triton-style number (`numbering`; 0: none recorded and not an integer version)."""
 
     def deployed(self) -> DeployedVersion:
         """The catalog record published in the models KV bucket."""
@@ -93,6 +98,7 @@ class VersionRecord:
             created_unix_ms=self.created_unix_ms,
             signature=self.signature,
             key_id=self.key_id,
+            number=self.number,
         )
 
 
@@ -172,9 +178,11 @@ def build_manifest(
     files: dict[str, FileInfo],
     created_unix_ms: int,
     signature: dict[str, str] | None = None,
+    number: int = 0,
 ) -> bytes:
-    """manifest.json bytes; `signature` is null when the registry has no signing key."""
-    doc = {
+    """manifest.json bytes; `signature` is null when the registry has no signing key;
+    `number` is the version's Triton-style number (`numbering`), left out when 0."""
+    doc: dict[str, Any] = {
         "model": model,
         "version": version,
         "files": {
@@ -183,6 +191,8 @@ def build_manifest(
         "created_unix_ms": created_unix_ms,
         "signature": signature,
     }
+    if number:
+        doc[numbering.MANIFEST_KEY] = number
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
@@ -345,7 +355,20 @@ class ModelRepository:
                 raise NotFound(f"model {model!r} has no alias {ref!r}; aliases: {sorted(aliases)}")
             return aliases[ref]
         naming.check_version(ref)
+        if integer_version(ref) is not None and not await self.store.exists(
+            f"{_version_prefix(model, ref)}/{MANIFEST_FILE}"
+        ):
+            # Not a version's name: maybe a version's number (Triton's tools).
+            found = find_by_number(ref, (await self.numbers(model)).items())
+            if found is not None:
+                return found
         return ref
+
+    async def numbers(self, model: str) -> dict[str, int]:
+        """Version → Triton-style number of every complete version of `model`."""
+        return await numbering.version_numbers(
+            self.store, f"{ROOT}/{model}", await self.versions(model)
+        )
 
     async def get_version(self, model: str, version_or_alias: str = "") -> VersionRecord:
         """A stored version by number or alias (empty = ``stable``).
@@ -379,6 +402,7 @@ class ModelRepository:
             signature=(manifest.get("signature") or {}).get("value", ""),
             key_id=(manifest.get("signature") or {}).get("key_id", ""),
             profile_json=profile_json,
+            number=numbering.manifest_number(manifest, version),
         )
 
     async def verify(self, model: str, version_or_alias: str) -> VersionRecord:
@@ -704,6 +728,8 @@ class ModelRepository:
                         f".onnx file to derive it from (sent: {sorted(files)})"
                     )
                 config = await asyncio.to_thread(derive_config, spool.path(onnx_files[0]), model)
+            # Triton's auto-complete of image layouts the shape makes clear.
+            config = complete_formats(config)
             stored_config = canonical_config_json(config)
             if config.file not in files:
                 raise InvalidArgument(
@@ -742,10 +768,14 @@ class ModelRepository:
         prefix = _version_prefix(model, version)
         created = True
         stored = 0
-        try:
-            existing = await self.get_version(model, version)
-        except NotFound:
-            existing = None
+        existing = None
+        # By its exact name: an integer version that is not stored yet must not
+        # resolve to the version that has it as its number.
+        if await self.store.exists(f"{prefix}/{MANIFEST_FILE}"):
+            try:
+                existing = await self.get_version(model, version)
+            except NotFound:
+                existing = None
         if existing is not None:
             if existing.files != files:
                 changed = sorted(
@@ -777,10 +807,17 @@ class ModelRepository:
                     "key_id": self._signing_key_id,
                     "value": sign(self._signing_key, payload),
                 }
-            manifest_json = build_manifest(model, version, files, created_ms, sig)
+            # Under the model's lock: no other push takes the same number.
+            highest = await numbering.highest_number(self.store, f"{ROOT}/{model}")
+            number = next_number(version, await self.numbers(model), floor=highest)
+            manifest_json = build_manifest(model, version, files, created_ms, sig, number)
             # The manifest goes last: its presence is what makes the version exist.
             await self.store.write_bytes(f"{prefix}/{MANIFEST_FILE}", manifest_json)
             stored += len(manifest_json)
+            if number > highest:
+                # After the manifest: a crash in between loses nothing, the
+                # manifests' numbers count too.
+                await numbering.record_highest(self.store, f"{ROOT}/{model}", number)
             record = VersionRecord(
                 model=model,
                 version=version,
@@ -795,6 +832,7 @@ class ModelRepository:
                 profile_json=(
                     spool.path(PROFILE_FILE).read_bytes() if PROFILE_FILE in files else b""
                 ),
+                number=number,
             )
 
         versions = await self.versions(model)

@@ -185,11 +185,15 @@ class RegistryService(ReleaseRPCs, registry_pb2_grpc.RegistryServicer):
     async def ListModels(
         self, request: registry_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> registry_pb2.ListModelsResponse:
-        """Every model with its versions and aliases."""
+        """Every model with its versions, their Triton-style numbers, and aliases."""
 
         async def call() -> registry_pb2.ListModelsResponse:
-            states = await self._repo.list_models()
-            return registry_pb2.ListModelsResponse(models=[model_info(s) for s in states])
+            infos = []
+            for state in await self._repo.list_models():
+                info = model_info(state)
+                info.numbers.update(await self._repo.numbers(state.name))
+                infos.append(info)
+            return registry_pb2.ListModelsResponse(models=infos)
 
         return await answer(context, "ListModels", call)
 

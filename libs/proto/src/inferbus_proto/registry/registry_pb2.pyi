@@ -67,7 +67,7 @@ class VersionInfo(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., config_json: _Optional[bytes] = ..., manifest_json: _Optional[bytes] = ..., digest: _Optional[str] = ..., aliases: _Optional[_Iterable[str]] = ..., files: _Optional[_Iterable[_Union[FileEntry, _Mapping]]] = ..., created_unix_ms: _Optional[int] = ..., archived: _Optional[bool] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "versions", "aliases", "archived", "unloaded")
+    __slots__ = ("name", "versions", "aliases", "archived", "unloaded", "numbers")
     class AliasesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -75,17 +75,26 @@ class ModelInfo(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class NumbersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     ALIASES_FIELD_NUMBER: _ClassVar[int]
     ARCHIVED_FIELD_NUMBER: _ClassVar[int]
     UNLOADED_FIELD_NUMBER: _ClassVar[int]
+    NUMBERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     versions: _containers.RepeatedScalarFieldContainer[str]
     aliases: _containers.ScalarMap[str, str]
     archived: _containers.RepeatedScalarFieldContainer[str]
     unloaded: bool
-    def __init__(self, name: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., aliases: _Optional[_Mapping[str, str]] = ..., archived: _Optional[_Iterable[str]] = ..., unloaded: _Optional[bool] = ...) -> None: ...
+    numbers: _containers.ScalarMap[str, int]
+    def __init__(self, name: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., aliases: _Optional[_Mapping[str, str]] = ..., archived: _Optional[_Iterable[str]] = ..., unloaded: _Optional[bool] = ..., numbers: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

@@ -36,7 +36,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client import Counter
 
@@ -137,6 +137,18 @@ class _Pending:
     fut: asyncio.Future[InferResponse]
 
 
+def _own_copy(response: InferResponse) -> InferResponse:
+    """A copy whose lists and maps the caller may change: the steps after this one
+    replace outputs in place (classification) and set shared-memory outputs, which
+    must not reach the kept answer or another attempt's copy of it."""
+    return replace(
+        response,
+        outputs=list(response.outputs),
+        timings_ms=dict(response.timings_ms),
+        shm_outputs=dict(response.shm_outputs),
+    )
+
+
 class IdempotencyCache:
     """In-flight join and short replay window for requests that carry an id.
 
@@ -183,14 +195,14 @@ class IdempotencyCache:
         cached = self._done.get(key)
         if cached is not None and same_inputs(cached.inputs, request):
             REPLAYED.labels("cached").inc()
-            return cached.response
+            return _own_copy(cached.response)
         pending = self._inflight.get(key)
         if pending is not None:
             if not same_inputs(pending.inputs, request):
                 return await compute()  # an id reused for other inputs: a new request
             REPLAYED.labels("joined").inc()
             try:
-                return await asyncio.shield(pending.fut)
+                return _own_copy(await asyncio.shield(pending.fut))
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if pending.fut.cancelled() and task is not None and not task.cancelling():
@@ -224,7 +236,7 @@ class IdempotencyCache:
             self._bytes -= old.size
         if size > self._max_entry_bytes:
             return
-        self._done[key] = _Done(self._clock(), inputs, detached(response), size)
+        self._done[key] = _Done(self._clock(), inputs, _own_copy(detached(response)), size)
         self._bytes += size
         while self._done and (len(self._done) > self._max or self._bytes > self._max_bytes):
             _, dropped = self._done.popitem(last=False)

@@ -147,6 +147,11 @@ def request_from_proto(req: pb.ModelInferRequest, timeout_s: float | None) -> In
             classification[o.name] = class_count(params["classification"], o.name)
         ref = shm_ref(params, f"output '{o.name}'")
         if ref is not None:
+            if o.name in classification:
+                # Triton's check and wording.
+                raise InvalidArgument(
+                    "Output can't set both 'shared_memory_region' and 'classification'"
+                )
             shm_outputs[o.name] = ref
     return InferRequest(
         model=req.model_name,
@@ -167,16 +172,12 @@ def response_to_proto(resp: InferResponse) -> pb.ModelInferResponse:
     """`ModelInferResponse` with raw output contents and stage timings as parameters."""
     out = pb.ModelInferResponse(model_name=resp.model, model_version=resp.version, id=resp.id)
     for t in resp.outputs:
-        entry = out.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
-        ref = resp.shm_outputs.get(t.name)
-        if ref is not None:
-            # In shared memory: named there, no bytes in the answer (as Triton).
-            entry.parameters["shared_memory_region"].string_param = ref.region
-            entry.parameters["shared_memory_byte_size"].int64_param = ref.byte_size
-            if ref.offset:
-                entry.parameters["shared_memory_offset"].int64_param = ref.offset
-            continue
-        out.raw_output_contents.append(bytes(t.data))
+        out.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        # As Triton: one raw entry per output, empty for one written to shared
+        # memory, so that raw_output_contents lines up with outputs by position
+        # (Triton's C++ client indexes it that way).
+        in_shm = t.name in resp.shm_outputs
+        out.raw_output_contents.append(b"" if in_shm else bytes(t.data))
     for stage, ms in resp.timings_ms.items():
         out.parameters[f"inferbus_{stage}_us"].int64_param = int(ms * 1000)
     if resp.digest:

@@ -24,6 +24,7 @@ from inferbus_common.protocol.framing import FrameError
 from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.resolver import decide
 from inferbus_common.validation import RequestChecker
+from inferbus_common.versionnumbers import check_version_text
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.dispatch.dispatcher import Dispatcher, Reply
 from inferbus_gateway.dispatch.lazyload import LazyLoader
@@ -44,6 +45,8 @@ def resolve_version(catalog: Catalog, model: str, version: str = "") -> Deployed
     """
     if not model:
         raise InvalidArgument("a model name is required")
+    if version:
+        check_version_text(version)
     return catalog.deployed(model, version)
 
 
@@ -270,6 +273,8 @@ class InferHandler:
         must suit the canary too, else only stable can run it and it is
         pinned there.
         """
+        if request.version:
+            return dv.version  # a pin decides; `resolve` read it (a version number too)
         route = self._catalog.routes.get(request.model)
         decision = decide(route, request.model, request.version, draw=None)
         if decision.decided:

@@ -211,6 +211,13 @@ def request_from_http(
             classification[out["name"]] = class_count(op["classification"], out["name"])
         ref = shm_ref(op, f"output '{out['name']}'")
         if ref is not None:
+            # Triton's checks and wording: an output in shared memory is neither
+            # sent after the JSON nor replaced by its top classes.
+            for other in ("binary_data", "classification"):
+                if op.get(other):
+                    raise InvalidArgument(
+                        f"Output can't set both 'shared_memory_region' and '{other}'"
+                    )
             shm_outputs[out["name"]] = ref
     priority = _int_parameter(req_params, "priority")
     timeout_param = _int_parameter(req_params, "timeout")
@@ -260,14 +267,11 @@ def response_to_http(
     blobs: list[bytes | bytearray | memoryview] = []
     for t in resp.outputs:
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-        ref = resp.shm_outputs.get(t.name)
-        if ref is not None:
-            # In shared memory: named there, no data in the answer (as Triton).
-            entry["parameters"] = {
-                "shared_memory_region": ref.region,
-                "shared_memory_byte_size": ref.byte_size,
-                **({"shared_memory_offset": ref.offset} if ref.offset else {}),
-            }
+        # An output in shared memory gets name, datatype and shape only, as from
+        # Triton: no parameters either, since Triton's C++ client reads any
+        # output's parameters for binary_data_size and fails when they lack it.
+        if t.name in resp.shm_outputs:
+            pass
         elif binary_all or t.name in binary_outputs:
             entry["parameters"] = {"binary_data_size": t.nbytes}
             blobs.append(t.data)

@@ -47,7 +47,7 @@ def _input(spec: TensorSpec, batched: bool) -> dict[str, Any]:
     return {
         "name": spec.name,
         "data_type": V2_TO_CONFIG[spec.datatype],
-        "format": "FORMAT_NONE",
+        "format": spec.format or "FORMAT_NONE",
         "dims": _dims(spec, batched),
         "is_shape_tensor": False,
         "allow_ragged_batch": False,
