@@ -358,7 +358,7 @@ async def test_idempotency_step_answers_a_retry_once() -> None:
     step = Idempotency(IdempotencyCache(30.0))
     first = await step(InferCall.start(_request(rid="r1"), "grpc"), handler)
     again = await step(InferCall.start(_request(rid="r1"), "grpc"), handler)
-    assert again is first and computed == 1
+    assert again == first and again is not first and computed == 1  # a copy of its own
     await step(InferCall.start(_request(), "grpc"), handler)
     await step(InferCall.start(_request(), "grpc"), handler)
     assert computed == 3  # no id: every request is computed
