@@ -30,9 +30,10 @@ import numpy as np
 import uvloop
 
 from inferbus_common.catalog import DeployedVersion, Route
-from inferbus_common.codec import tensor_from_numpy
+from inferbus_common.codec import Tensor, tensor_from_numpy
 from inferbus_common.logs import setup_logging
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.tensors import encode_tensors
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.dispatch.dispatcher import Reply
@@ -90,7 +91,7 @@ class InstantDispatcher:
             ]
         )
 
-    async def call(self, model: str, **_: Any) -> Reply:
+    async def call(self, envelope: Envelope, tensors: list[Tensor], **_: Any) -> Reply:
         return Reply(
             "",
             version="1",

@@ -84,9 +84,35 @@ def _python_files() -> list[Path]:
     )
 
 
+def _publishes_headers_on_a_bundle_subject(node: ast.AST) -> bool:
+    """``….publish(<…route(…) or …infer(…)>, …, headers=…)``: the old single form
+    (headers carry the metadata) on a subject whose one framing is the bundle."""
+    if not (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "publish"
+        and node.args
+        and any(k.arg == "headers" for k in node.keywords)
+    ):
+        return False
+    return any(
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr in {"route", "infer"}
+        for n in ast.walk(node.args[0])
+    )
+
+
 def _removed_uses(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     found = []
+    # Tests that send the old form on purpose, to show it is refused.
+    refusal_tests = [
+        (f.lineno, f.end_lineno or f.lineno)
+        for f in ast.walk(tree)
+        if isinstance(f, ast.AsyncFunctionDef | ast.FunctionDef)
+        and "old_single_request_form_is_refused" in f.name
+    ]
     for node in ast.walk(tree):
         name = None
         if isinstance(node, ast.Name | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -115,6 +141,10 @@ def _removed_uses(path: Path) -> list[str]:
                 found.append(f"spells a retired micro-batch magic: {node.value!r}")
         if name in REMOVED_NAMES:
             found.append(f"uses {name}")
+        if _publishes_headers_on_a_bundle_subject(node) and not any(
+            lo <= node.lineno <= hi for lo, hi in refusal_tests
+        ):
+            found.append(f"line {node.lineno}: publishes headers on a route/infer subject")
     return [f"{path.relative_to(REPO)}:{f}" for f in found]
 
 

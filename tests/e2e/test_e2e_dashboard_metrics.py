@@ -35,7 +35,12 @@ from inferbus_client.registry import RegistryClient
 from inferbus_common.admission.keys import AdmissionKeys
 from inferbus_common.admission.limits import Limit, Scope, delete_limit, set_limit
 from inferbus_common.drift import build_profile
-from inferbus_common.protocol import headers as h
+from inferbus_common.protocol.bundles import (
+    BundledRequest,
+    decode_reply_bundle,
+    encode_request_bundle,
+)
+from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission.quota import Quota, delete_quota, set_quota
 
@@ -162,16 +167,11 @@ async def _batcher_refusal(stack) -> None:
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox)
         await nc.flush()
-        body = bytes.fromhex("49425431" + "0000")  # an empty tensor frame (IBT1, 0 tensors)
-        headers = {
-            h.MODEL: "fraud",
-            h.VERSION: "1",
-            h.REQUEST_ID: "dashboard-expired",
-            h.DEADLINE: str(time.time_ns() - 1_000_000_000),
-            h.REPLY: inbox,
-        }
+        frame = bytes.fromhex("49425431" + "0000")  # an empty tensor frame (IBT1, 0 tensors)
+        env = Envelope("dashboard-expired", "fraud", time.time_ns() - 1_000_000_000)
+        body = encode_request_bundle("fraud", "1", inbox, [BundledRequest(env, 1)], [(frame,)])
         for _ in range(50):  # the first publish after a fresh SUB can be dropped: retry
-            await nc.publish(Subjects("ib").infer("fraud", "1"), body, headers=headers)
+            await nc.publish(Subjects("ib").infer("fraud", "1"), body)
             try:
                 reply = await sub.next_msg(timeout=0.5)
                 break
@@ -179,7 +179,7 @@ async def _batcher_refusal(stack) -> None:
                 continue
         else:
             raise AssertionError("the batcher never answered the expired request")
-        assert (reply.headers or {}).get(h.STATUS) == "DEADLINE_EXCEEDED"
+        assert decode_reply_bundle(reply.data).replies[0].status == "DEADLINE_EXCEEDED"
     finally:
         await nc.close()
 

@@ -690,7 +690,8 @@ async def _probe_until(
 
 async def test_the_old_single_request_form_is_refused(nats_server, nats_client) -> None:
     """A tensor request as headers and a bare frame (the form before bundles) gets
-    INVALID_ARGUMENT on its reply subject and is never forwarded."""
+    INVALID_ARGUMENT on its reply subject and is never forwarded; so does a bundle
+    for another model than its subject names."""
     route = Route(model="oldform", stable="1", versions=["1"])
     await put_route(nats_client.jetstream(), route)
     seen = Forwarded("oldform")
@@ -708,6 +709,18 @@ async def test_the_old_single_request_form_is_refused(nats_server, nats_client) 
             headers={h.MODEL: "oldform", h.REQUEST_ID: "old-1", h.REPLY: "old.reply"},
         )
         msg = await asyncio.wait_for(answers.get(), 10)
+        # A bundle for another model than its subject names: refused, not routed.
+        bundles: asyncio.Queue[Msg] = asyncio.Queue()
+        await nats_client.subscribe("other.reply.b", cb=bundles.put)
+        env = Envelope("x", "split", time.time_ns() + 10**10)
+        await nats_client.publish(
+            SUBJECTS.route("oldform"),
+            encode_request_bundle(
+                "split", "", "other.reply.b", [BundledRequest(env, 4)], [(frame,)]
+            ),
+        )
+        refused = decode_reply_bundle((await asyncio.wait_for(bundles.get(), 10)).data)
+    assert [(r.token, r.status) for r in refused.replies] == [(4, "INVALID_ARGUMENT")]
     assert msg.headers[h.STATUS] == "INVALID_ARGUMENT"
     assert "request bundles (IBQ1)" in msg.headers[h.ERROR]
     assert msg.headers[h.REQUEST_ID] == "old-1"

@@ -10,7 +10,6 @@ publish where and what each hop checks.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from inferbus_batcher.batching import ModelQueue, PendingRequest
@@ -74,7 +73,7 @@ def admit(
         span = _queue_span(queue, env.traceparent, env.request_id)
         if span is not None:
             # The micro-batch entry carries the span's context to the worker.
-            env = replace(env, traceparent=tracing.traceparent_of(span))
+            env = env._replace(traceparent=tracing.traceparent_of(span))
     return PendingRequest(
         envelope=env,
         reply=inbox,

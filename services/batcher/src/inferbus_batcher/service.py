@@ -254,14 +254,9 @@ class Batcher:
 
     # --- intake --------------------------------------------------------------
     async def _on_request(self, msg: Msg) -> None:
-        """Take in a request bundle: every request is queued or refused.
-
-        Refusals of one bundle go back as one reply bundle to its inbox. The
-        gateway validated the requests (gateways and routers are the only
-        producers the broker lets publish here); this checks structure: frames
-        that decode, a layout the model takes, the model and version its
-        subject names.
-        """
+        """Take in a request bundle: every request is queued or refused (one reply
+        bundle per distinct refusal). Checks are structural (`intake.admit`,
+        docs/security.md); the bundle must be for the version its subject names."""
         try:
             bundle = decode_request_bundle(msg.data)
         except FrameError as exc:
@@ -285,9 +280,13 @@ class Batcher:
             now_wall = time.time_ns()
             now_mono = time.monotonic_ns()
             for r in bundle.requests:
+                pending = None
                 try:
-                    queue.offer(admit(queue, state.checker, r, bundle.inbox, now_wall, now_mono))
+                    pending = admit(queue, state.checker, r, bundle.inbox, now_wall, now_mono)
+                    queue.offer(pending)
                 except InferbusError as exc:
+                    if pending is not None and pending.span is not None:
+                        tracing.end_span(pending.span, exc.code.name, exc.message)
                     refused.append((r, exc))
                 except Exception:
                     # A bug must still get the request one answer, without leaking details.

@@ -1,1 +1,1 @@
-"""inferbus router: picks the version of each request and forwards it on NATS headers alone."""
+"""inferbus router: picks the version of each request and forwards it, frames untouched."""

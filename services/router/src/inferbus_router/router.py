@@ -27,7 +27,6 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -377,7 +376,7 @@ class Router:
                 if span is not None:
                     span.set_attribute("inferbus.model", model)
                     span.set_attribute("inferbus.request_id", env.request_id)
-                    r.envelope = env = replace(env, traceparent=tracing.traceparent_of(span))
+                    r.envelope = env = env._replace(traceparent=tracing.traceparent_of(span))
                     tracing.end_span(span)
             # Only the router may set a mirror: whatever a gateway put there is dropped.
             r.mirror, r.mirror_token = "", 0

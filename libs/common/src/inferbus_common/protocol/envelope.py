@@ -3,10 +3,17 @@
 The gateway builds one `Envelope` per request; the dispatcher, the request
 bundle on the bus, the router and the batcher's queue entry all carry that
 object (decoded once per hop), instead of re-spelling its fields as keyword
-arguments, positional fields and headers at every layer. It is frozen: a hop
-that changes a field (the router or batcher putting its trace span's context
-in `traceparent`) makes a new one with `dataclasses.replace`, so an envelope
+arguments, positional fields and headers at every layer. It is immutable: a
+hop that changes a field (the router or batcher putting its trace span's
+context in `traceparent`) makes a new one with ``_replace``, so an envelope
 shared by a request and its shadow copy never changes under either.
+
+Why a `NamedTuple` and not a frozen slotted dataclass: the gateway builds one
+per request on its hot path, and on CPython 3.11 a frozen dataclass's
+``__init__`` (one ``object.__setattr__`` per field) costs about 1.0 µs against
+0.28 µs for this tuple (measured with `timeit`), which made
+`bench/gateway_path.py` about 1.2 µs slower per ModelInfer. Both are
+immutable, typed and hold no per-instance dict.
 
 What belongs to one hop, not to the request, stays beside it: the token in the
 gateway's reply bundles, the reply inbox, the time held in the gateway's open
@@ -15,11 +22,10 @@ bundle, the shadow mirror, the tensor frame.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Envelope:
+class Envelope(NamedTuple):
     """A request's metadata.
 
     Attributes:
