@@ -106,7 +106,7 @@ class Dispatcher:
         self.calls: list[dict[str, Any]] = []
 
     async def call(self, envelope: Envelope, tensors: list[Tensor], **kw: Any) -> Reply:
-        fields = {f: getattr(envelope, f) for f in envelope.__slots__}
+        fields = envelope._asdict()
         self.calls.append({**fields, "tensors": tensors, **kw})
         if self.error is not None:
             raise self.error
