@@ -152,7 +152,7 @@ def test_the_scan_sees_the_code_it_judges() -> None:
     """The walk finds the protocol's producers and consumers (a moved tree must not
     pass vacuously)."""
     files = {p.relative_to(REPO).as_posix() for p in _python_files()}
-    assert "services/gateway/src/inferbus_gateway/dispatch.py" in files
+    assert "services/gateway/src/inferbus_gateway/dispatch/dispatcher.py" in files
     assert "services/router/src/inferbus_router/router.py" in files
     assert "services/batcher/src/inferbus_batcher/intake.py" in files
     assert "services/worker-gpu/src/inferbus_worker/microbatch.py" in files
