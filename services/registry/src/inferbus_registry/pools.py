@@ -24,9 +24,10 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from inferbus_common.catalog import DeployedVersion, InitialValues, Route, WorkerStatus, ensure_kv
+from inferbus_common.catalog import DeployedVersion, Route, WorkerStatus, ensure_kv
 from inferbus_common.catalogrecords import POOL_STATES, PoolSpec
 from inferbus_common.errors import FailedPrecondition, InvalidArgument
+from inferbus_common.kvwatch import InitialValues
 from inferbus_common.poolquota import count_gpus, pool_admission
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_registry.traffic import now_ms
