@@ -13,12 +13,12 @@ from nats.js.kv import KeyValue
 from inferbus_common.catalog import (
     Catalog,
     DeployedVersion,
-    InitialValues,
     Route,
     WorkerStatus,
     ensure_kv,
 )
 from inferbus_common.errors import NotFound
+from inferbus_common.kvwatch import InitialValues
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.subjects import Subjects
 

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from inferbus_common.modelconfig import ModelConfig, TokenizeStep, TopKStep
+from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.processingconfig import TokenizeStep, TopKStep
 
 
 def text_config() -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from inferbus_common.catalog import PoolSpec, WorkerStatus, count_gpus, pool_admission
+from inferbus_common.catalogrecords import PoolSpec, WorkerStatus
+from inferbus_common.poolquota import count_gpus, pool_admission
 from inferbus_common.subjects import Subjects
 
 

@@ -105,7 +105,7 @@ def test_response_has_raw_outputs_and_timings() -> None:
 
 
 def test_model_metadata_has_only_v2_tensor_fields() -> None:
-    from inferbus_common.modelconfig import TensorSpec
+    from inferbus_common.tensorspec import TensorSpec
     from inferbus_gateway.service import _tensor_metadata
 
     spec = TensorSpec(name="s", datatype="BYTES", shape=[-1], max_element_bytes=8, truncate=True)

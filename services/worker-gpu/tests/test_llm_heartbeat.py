@@ -15,7 +15,8 @@ import nats
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from inferbus_common.catalog import PoolSpec, WorkerStatus, ensure_kv
+from inferbus_common.catalog import WorkerStatus, ensure_kv
+from inferbus_common.catalogrecords import PoolSpec
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_worker.llm.settings import LlmWorkerSettings
 from inferbus_worker.llm.worker import LlmWorker

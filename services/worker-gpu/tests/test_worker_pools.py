@@ -13,7 +13,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from inferbus_common.catalog import DeployedVersion, PoolSpec, Route, WorkerStatus, ensure_kv
+from inferbus_common.catalog import DeployedVersion, Route, WorkerStatus, ensure_kv
+from inferbus_common.catalogrecords import PoolSpec
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_worker import hostspec
 from inferbus_worker.artifacts import ArtifactCache

@@ -34,7 +34,8 @@ from tokenizers import Tokenizer
 from inferbus_common.bus import ensure_batch_stream
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.codec import tensor_from_numpy
-from inferbus_common.modelconfig import ImageStep, ModelConfig
+from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.processingconfig import ImageStep
 from inferbus_common.protocol import headers as h
 from inferbus_common.protocol.microbatch import BatchEntry, encode_joined_batch
 from inferbus_common.protocol.tensors import decode_tensors

@@ -12,7 +12,10 @@ Four buckets (names from `Subjects`):
   written by the registry (``inferbus pools set``), read by workers.
 
 `Catalog` watches all four and keeps an in-memory copy that follows changes
-live; every service that needs to know what is deployed holds one.
+live; every service that needs to know what is deployed holds one. The
+records are defined in `inferbus_common.catalogrecords` (the three most used
+are importable from here too), a pool's quota rules in
+`inferbus_common.poolquota`.
 """
 
 from __future__ import annotations
@@ -21,18 +24,25 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping
 
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
 from inferbus_common.bus import replicas_of
-from inferbus_common.errors import FailedPrecondition, InferbusError, NotFound, Unavailable
-from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.catalogrecords import (
+    READY,
+    DeployedVersion,
+    PoolSpec,
+    Route,
+    WorkerStatus,
+    summarize_states,
+)
+from inferbus_common.errors import NotFound
+from inferbus_common.kvwatch import InitialValues
 from inferbus_common.modelstats import ModelStats
 from inferbus_common.resolver import pinned_version
 from inferbus_common.subjects import Subjects
@@ -40,30 +50,14 @@ from inferbus_common.versionnumbers import integer_version
 
 log = logging.getLogger(__name__)
 
-
-class DeployedVersion(BaseModel):
-    """A model version the registry has stored and published."""
-
-    model: str
-    version: str
-    config: ModelConfig
-    digest: str = ""
-    """SHA-256 of the version's manifest.json."""
-    files: dict[str, str] = Field(default_factory=dict)
-    """Path inside the version → SHA-256 of the file."""
-    created_unix_ms: int = 0
-    signature: str = ""
-    """Base64 Ed25519 signature of `signing.signed_payload` (empty: unsigned)."""
-    key_id: str = ""
-    """Which registry key signed it."""
-    number: int = 0
-    """Triton-style integer number, unique within the model (`versionnumbers`;
-    0: a record from before versions were numbered)."""
-
-    @property
-    def has_profile(self) -> bool:
-        """The version carries a drift reference profile (``profile.json``, see `drift`)."""
-        return "profile.json" in self.files
+__all__ = [
+    "Catalog",
+    "DeployedVersion",
+    "Route",
+    "WorkerStatus",
+    "ensure_kv",
+    "parse_deployed_version",
+]
 
 
 def parse_deployed_version(value: bytes) -> DeployedVersion:
@@ -99,189 +93,6 @@ def parse_deployed_version(value: bytes) -> DeployedVersion:
         return DeployedVersion.model_validate(data)
 
 
-class Route(BaseModel):
-    """Routing table of one model."""
-
-    model: str
-    stable: str
-    """Version that serves requests that pin none."""
-    versions: list[str] = Field(default_factory=list)
-    aliases: dict[str, str] = Field(default_factory=dict)
-    pool: str = "default"
-    """Pool of the stable version (each version's own pool is its `config.pool`)."""
-    canary: str = ""
-    """Version that takes `canary_weight` percent of unpinned traffic ('' = none)."""
-    canary_weight: float = 0.0
-    """Percent (0-100) of unpinned requests sent to `canary`."""
-    shadow: str = ""
-    """Version that receives sampled copies of requests ('' = none); never answers clients."""
-    shadow_rate: float = 0.0
-    """Fraction (0-1) of requests copied to `shadow`."""
-    sticky: str = ""
-    """Stickiness key: '' (off), 'tenant', or 'header:<Name>' (a request header)."""
-    revision: int = 0
-    """Incremented by every change; routers log and export it."""
-    updated_by: str = ""
-    updated_unix_ms: int = 0
-    change: str = ""
-    """Why the last change was made (operator text or rollout step)."""
-    stable_pending: str = ""
-    """Version the ``stable`` alias was moved to while `stable` keeps serving until a
-    worker reports it ready (make-before-break); '' when no promotion is pending.
-    Workers load it like any routed version; nothing routes requests to it."""
-    stable_pending_since_unix_ms: int = 0
-    """When the pending promotion began (the registry abandons it after its timeout)."""
-
-    def served_versions(self) -> set[str]:
-        """Versions workers must load for this route: every version it names."""
-        named = {self.stable, self.canary, self.shadow, self.stable_pending}
-        named.update(self.aliases.values())
-        named.discard("")
-        return named
-
-
-READY = "ready"
-"""Version state: a worker serves it."""
-FAILED = "failed: "
-"""Prefix of the state of a version whose load failed and will be retried."""
-REJECTED = "failed permanently: "
-"""Prefix of the state of a version a worker refuses to load (its artifact failed its
-digest or signature check, or its config cannot be served): retrying cannot help."""
-
-
-def is_rejected(state: str) -> bool:
-    """Whether a version state is a permanent load failure (see `REJECTED`)."""
-    return state.startswith(REJECTED)
-
-
-def not_ready_error(model: str, version: str, state: str) -> InferbusError:
-    """The error a request for a version that is not ready gets.
-
-    A version its workers refuse for good (`REJECTED`) is FAILED_PRECONDITION:
-    retrying cannot help, the operator must fix or move the alias. Anything
-    else (loading, a failure that is retried, no worker yet) is UNAVAILABLE.
-    """
-    where = f"model '{model}' version '{version}'"
-    if is_rejected(state):
-        return FailedPrecondition(
-            f"{where} cannot be served: {state}; point the alias or route at another "
-            "version (`inferbus models alias`, `inferbus route set`)"
-        )
-    return Unavailable(
-        f"{where} is not ready ({state}); check `inferbus status` and the worker logs"
-    )
-
-
-class WorkerStatus(BaseModel):
-    """A worker's heartbeat."""
-
-    worker_id: str
-    pool: str
-    models: dict[str, str] = Field(default_factory=dict)
-    """``"<model>/<version>"`` → ``ready`` | ``loading`` | ``lazy`` | ``failed: <reason>``
-    | ``failed permanently: <reason>``."""
-    ts_ms: int = 0
-    """Wall-clock time of the heartbeat."""
-    host: str = ""
-    pid: int = 0
-    cpus: int = 0
-    """CPUs this worker may use (its affinity mask); 0 = unknown."""
-    memory_bytes: int = 0
-    """Memory available to it (cgroup limit, else the host's); 0 = unknown."""
-    gpu_type: str = ""
-    """GPU model name from NVML / nvidia-smi ('' = none)."""
-    gpu_count: int = 0
-    """GPUs visible to it (0 = none or unknown)."""
-    gpu_uuids: list[str] = Field(default_factory=list)
-    """UUIDs of those GPUs (empty: unknown): pools count a GPU that several workers
-    share once (`count_gpus`)."""
-    joined_unix_ms: int = 0
-    """When the worker started: pools admit workers in join order (oldest first)."""
-    admitted: bool = True
-    """False while its pool's quota keeps it out (it then serves nothing)."""
-    reason: str = ""
-    """Why it is not admitted ('' when admitted)."""
-    stats: dict[str, ModelStats] = Field(default_factory=dict)
-    """``"<model>/<version>"`` → cumulative inference statistics of the versions it
-    serves (Triton's statistics extension sums them over live workers)."""
-
-    def is_fresh(self, max_age_s: float) -> bool:
-        """Whether the heartbeat is recent enough to trust."""
-        return (time.time() * 1000 - self.ts_ms) <= max_age_s * 1000
-
-
-class PoolSpec(BaseModel):
-    """A worker pool's quota and release state (the pools bucket, key = pool token)."""
-
-    name: str
-    max_workers: int = Field(default=0, ge=0)
-    """Workers admitted at most (0 = unlimited); later joiners stay not-ready."""
-    max_gpus: int = Field(default=0, ge=0)
-    """Sum of admitted workers' GPUs at most (0 = unlimited)."""
-    state: str = "open"
-    """Release state: ``open`` or ``frozen`` (traffic changes and rollouts onto it refused)."""
-    updated_by: str = ""
-    updated_unix_ms: int = 0
-
-
-POOL_STATES = ("open", "frozen")
-"""Release states a pool can be in."""
-
-
-def new_gpus(worker: WorkerStatus, seen: set[str]) -> int:
-    """GPUs `worker` adds to those whose UUIDs are in `seen` (and adds its UUIDs to `seen`).
-
-    A worker that reports no UUIDs (an older worker, or nvidia-smi without
-    them) counts all its GPUs.
-    """
-    if not worker.gpu_uuids:
-        return worker.gpu_count
-    fresh = set(worker.gpu_uuids) - seen
-    seen.update(fresh)
-    return len(fresh)
-
-
-def count_gpus(workers: list[WorkerStatus]) -> int:
-    """Physical GPUs of `workers`: each UUID once, however many workers share it."""
-    seen: set[str] = set()
-    return sum(new_gpus(w, seen) for w in workers)
-
-
-def pool_admission(pool: str, workers: list[WorkerStatus], spec: PoolSpec | None) -> dict[str, str]:
-    """Which live workers of `pool` its quota admits: worker id → '' or the reason it is out.
-
-    Workers are admitted oldest first (`joined_unix_ms`, then id), so every
-    worker computes the same answer from the same heartbeats without talking
-    to the others; a worker that leaves lets the next one in.
-    """
-    members = sorted(
-        (w for w in workers if w.pool == pool), key=lambda w: (w.joined_unix_ms, w.worker_id)
-    )
-    out: dict[str, str] = {}
-    count = gpus = 0
-    seen: set[str] = set()
-    for w in members:
-        reason = ""
-        # Only GPUs no admitted worker brought yet count (two workers on one GPU: one).
-        adds = new_gpus(w, set(seen))
-        if spec is not None and spec.max_workers and count + 1 > spec.max_workers:
-            reason = (
-                f"pool '{pool}' is full: max_workers {spec.max_workers} already admitted; "
-                f"raise it with `inferbus pools set {pool} --max-workers N` or stop a worker"
-            )
-        elif spec is not None and spec.max_gpus and gpus + adds > spec.max_gpus:
-            reason = (
-                f"pool '{pool}' GPU quota exceeded: {gpus} of max_gpus {spec.max_gpus} in use, "
-                f"this worker has {adds} more; raise it with `inferbus pools set {pool} "
-                "--max-gpus N`"
-            )
-        if not reason:
-            count += 1
-            gpus += new_gpus(w, seen)
-        out[w.worker_id] = reason
-    return out
-
-
 async def ensure_kv(js: JetStreamContext, bucket: str, *, history: int = 5) -> KeyValue:
     """Open a KV bucket, creating it when it does not exist yet.
 
@@ -306,43 +117,6 @@ _NOT_ANSWERING = (
     nats.js.errors.ServiceUnavailableError,
     nats.js.errors.NoStreamResponseError,
 )
-
-
-class InitialValues:
-    """Tells when a KV watcher has delivered every value its bucket held when it started.
-
-    Not nats-py's ``None`` marker alone: the watcher sends it when a consumer-info
-    reply says nothing is pending and nothing was received yet, and that reply
-    can overtake the entries the server already sent. A worker that trusted it
-    saw an empty pool, admitted itself over the quota and started loading.
-    Here the initial values are in once the entry at the bucket's last revision
-    before the watch (or a later one) has arrived, or the consumer has nothing
-    pending; for an empty bucket the marker is enough.
-
-    Use `watch` to open the watcher, then feed every item it yields to `see`.
-    """
-
-    __slots__ = ("done", "upto")
-
-    def __init__(self, upto: int) -> None:
-        self.upto = upto
-        """The bucket's last revision (stream sequence) just before the watch."""
-        self.done = False
-
-    @classmethod
-    async def watch(cls, kv: KeyValue) -> tuple[KeyValue.KeyWatcher, InitialValues]:
-        """Watch every key of `kv` (deletes included) and track its initial values."""
-        upto = (await kv.status()).stream_info.state.last_seq
-        return await kv.watchall(), cls(upto)
-
-    def see(self, entry: KeyValue.Entry | None) -> bool:
-        """Account for one item from the watcher; True once the initial values are in."""
-        if not self.done:
-            if entry is None:
-                self.done = self.upto == 0
-            else:
-                self.done = (entry.revision or 0) >= self.upto or entry.delta == 0
-        return self.done
 
 
 class Catalog:
@@ -672,15 +446,3 @@ class Catalog:
         return any(
             w.models.get(key) == READY and w.is_fresh(self._max_age) for w in self.workers.values()
         )
-
-
-def summarize_states(states: list[str]) -> str:
-    """One version's state across workers: ``ready`` if any serves it, else a permanent
-    failure, else a retried failure, else the first state; ``no worker`` without any."""
-    if READY in states:
-        return READY
-    for prefix in (REJECTED, FAILED):
-        found = [s for s in states if s.startswith(prefix)]
-        if found:
-            return found[0]
-    return states[0] if states else "no worker"

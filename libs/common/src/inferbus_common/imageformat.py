@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from inferbus_common.modelconfig import ModelConfig, TensorSpec
+    from inferbus_common.modelconfig import ModelConfig
+    from inferbus_common.tensorspec import TensorSpec
 
 Format = Literal["FORMAT_NONE", "FORMAT_NCHW", "FORMAT_NHWC"]
 """The values ``format`` may take (Triton's ``ModelInput.Format`` names)."""

@@ -1,7 +1,7 @@
 """Per-version inference statistics: what workers report and gateways add up.
 
 Each worker keeps cumulative counters for every version it serves and puts
-them in its heartbeat record (`catalog.WorkerStatus.stats`, the workers
+them in its heartbeat record (`catalogrecords.WorkerStatus.stats`, the workers
 bucket). A gateway answering Triton's statistics extension sums the records
 of the live workers (`sum_stats`) and shapes the sum as Triton does
 (`inferbus_gateway.triton.documents`). Counters are cumulative over a worker's

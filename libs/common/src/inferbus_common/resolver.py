@@ -40,7 +40,7 @@ from inferbus_common.errors import NotFound
 
 if TYPE_CHECKING:
     # Only a type here: the catalog itself resolves through this module.
-    from inferbus_common.catalog import Route
+    from inferbus_common.catalogrecords import Route
 
 STICKY_BUCKETS = 10_000
 """Resolution of sticky routing: a weight of 0.01 % moves one bucket."""

@@ -7,7 +7,7 @@ perf_analyzer parses the version it is given (``-x 1.0.0``) with ``stoll``
 inferbus versions are semantic (``1.0.0``), so every version also gets a
 **number**, assigned by the registry when the version is pushed, written in
 its ``manifest.json`` and carried in its catalog record
-(`inferbus_common.catalog.DeployedVersion.number`):
+(`inferbus_common.catalogrecords.DeployedVersion.number`):
 
 - a version that is a plain integer (``3``) has that integer as its number,
   so Triton-style repositories keep their numbering;

@@ -32,7 +32,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from prometheus_client import Counter, Histogram
 
-from inferbus_common.catalog import Catalog, DeployedVersion, not_ready_error
+from inferbus_common.catalog import Catalog, DeployedVersion
+from inferbus_common.catalogrecords import not_ready_error
 from inferbus_common.errors import (
     DeadlineExceeded,
     FailedPrecondition,

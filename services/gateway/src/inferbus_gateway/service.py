@@ -14,8 +14,8 @@ from nats.aio.client import Client
 
 from inferbus_common.catalog import Catalog, DeployedVersion
 from inferbus_common.errors import InferbusError, PermissionDenied
-from inferbus_common.modelconfig import TensorSpec
 from inferbus_common.modelstats import sum_stats
+from inferbus_common.tensorspec import TensorSpec
 from inferbus_common.versionnumbers import statistics_labels
 from inferbus_gateway.admission import Admission
 from inferbus_gateway.canonical import InferRequest, InferResponse

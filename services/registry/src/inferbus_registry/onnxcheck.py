@@ -14,7 +14,8 @@ import onnx
 from onnx import TensorProto
 
 from inferbus_common.errors import InvalidArgument
-from inferbus_common.modelconfig import ModelConfig, TensorSpec
+from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.tensorspec import TensorSpec
 
 #: ONNX element type → KServe V2 datatype name.
 ONNX_TO_V2: dict[int, str] = {

@@ -3,7 +3,7 @@
 A pool is a name: workers join one (``INFERBUS_WORKER_POOL``) and a version is
 placed on one (its ``config.pool``). The pools bucket adds what a name cannot
 say: how many workers and GPUs the pool may use (workers over quota stay
-not-ready, see `inferbus_common.catalog.pool_admission`) and its release state
+not-ready, see `inferbus_common.poolquota.pool_admission`) and its release state
 (``frozen``: no traffic changes or rollouts onto its versions).
 
 The ledger is computed on demand from the four catalog buckets and the
@@ -24,18 +24,11 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from inferbus_common.catalog import (
-    POOL_STATES,
-    DeployedVersion,
-    InitialValues,
-    PoolSpec,
-    Route,
-    WorkerStatus,
-    count_gpus,
-    ensure_kv,
-    pool_admission,
-)
+from inferbus_common.catalog import DeployedVersion, Route, WorkerStatus, ensure_kv
+from inferbus_common.catalogrecords import POOL_STATES, PoolSpec
 from inferbus_common.errors import FailedPrecondition, InvalidArgument
+from inferbus_common.kvwatch import InitialValues
+from inferbus_common.poolquota import count_gpus, pool_admission
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_registry.traffic import now_ms
 

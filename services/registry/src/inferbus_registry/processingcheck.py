@@ -18,7 +18,8 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from inferbus_common.errors import InvalidArgument
-from inferbus_common.modelconfig import ModelConfig, SoftmaxStep, TokenizeStep, TopKStep
+from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.processingconfig import SoftmaxStep, TokenizeStep, TopKStep
 
 
 def _count_labels(path: Path, model: str, rel: str) -> int:

@@ -19,7 +19,8 @@ import logging
 import nats.errors
 import nats.js.errors
 
-from inferbus_common.catalog import Catalog, Route, is_rejected
+from inferbus_common.catalog import Catalog, Route
+from inferbus_common.catalogrecords import is_rejected
 from inferbus_common.errors import InferbusError
 from inferbus_registry.publisher import CatalogPublisher
 from inferbus_registry.repository import ModelRepository

@@ -28,8 +28,9 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from inferbus_common.catalog import Catalog, WorkerStatus, pool_admission
+from inferbus_common.catalog import Catalog, WorkerStatus
 from inferbus_common.modelstats import ModelStats
+from inferbus_common.poolquota import pool_admission
 from inferbus_common.subjects import subject_token
 from inferbus_worker.hostspec import HostSpec
 from inferbus_worker.hostspec import detect as detect_spec

@@ -1,7 +1,7 @@
 """Pre- and post-processing around the engine, run on the whole micro-batch.
 
 A version's ``config.json`` may declare ``processing`` (see
-`inferbus_common.modelconfig.ProcessingConfig`): pre steps turn what clients
+`inferbus_common.processingconfig.ProcessingConfig`): pre steps turn what clients
 send (texts, images) into what the engine takes (token ids, normalised FP32
 pixels), post steps turn what the engine gives (logits) into what clients get
 (probabilities, top-k labels and scores).
@@ -35,13 +35,8 @@ from typing import Any
 import numpy as np
 
 from inferbus_common.errors import FailedPrecondition
-from inferbus_common.modelconfig import (
-    ImageStep,
-    ModelConfig,
-    SoftmaxStep,
-    TokenizeStep,
-    TopKStep,
-)
+from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.processingconfig import ImageStep, SoftmaxStep, TokenizeStep, TopKStep
 
 
 class ProcessingError(FailedPrecondition):

@@ -49,11 +49,11 @@ from inferbus_common.errors import (
     StatusCode,
     Unavailable,
 )
-from inferbus_common.modelconfig import SequenceBatchingConfig, SequenceControl
 from inferbus_common.protocol import headers as h
 from inferbus_common.protocol.framing import FrameError, one_line
 from inferbus_common.protocol.microbatch import BatchEntry
 from inferbus_common.protocol.tensors import decode_tensors, encode_tensors
+from inferbus_common.sequencebatching import SequenceBatchingConfig, SequenceControl
 from inferbus_common.sequences import (
     SequenceFlags,
     SequenceId,

@@ -26,15 +26,8 @@ from prometheus_client import Counter
 
 from inferbus_common import ops
 from inferbus_common.bus import connect, shutdown
-from inferbus_common.catalog import (
-    FAILED,
-    READY,
-    REJECTED,
-    Catalog,
-    DeployedVersion,
-    WorkerStatus,
-    ensure_kv,
-)
+from inferbus_common.catalog import Catalog, DeployedVersion, WorkerStatus, ensure_kv
+from inferbus_common.catalogrecords import FAILED, READY, REJECTED
 from inferbus_common.errors import FailedPrecondition, InferbusError, StatusCode
 from inferbus_common.grpcauth import read_secret
 from inferbus_common.lifecycle import default_instance_id
@@ -49,7 +42,7 @@ from inferbus_worker.hostspec import HostSpec
 log = logging.getLogger(__name__)
 
 #: Load failures that retrying cannot fix: the artifact failed its checks or the
-#: config cannot be served. Reported as `catalog.REJECTED` (FAILED_PRECONDITION).
+#: config cannot be served. Reported as `catalogrecords.REJECTED` (FAILED_PRECONDITION).
 PERMANENT_CODES = frozenset({StatusCode.FAILED_PRECONDITION, StatusCode.INVALID_ARGUMENT})
 
 

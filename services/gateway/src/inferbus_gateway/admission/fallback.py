@@ -16,7 +16,8 @@ import numpy as np
 
 from inferbus_common.codec import Tensor, serialize_bytes
 from inferbus_common.datatypes import BYTES, numpy_dtype
-from inferbus_common.modelconfig import ModelConfig, TensorSpec
+from inferbus_common.modelconfig import ModelConfig
+from inferbus_common.tensorspec import TensorSpec
 
 FALLBACK_HEADER = "inferbus-fallback"
 """Response header (HTTP) / trailing metadata (gRPC) set to the reason on fallback answers."""

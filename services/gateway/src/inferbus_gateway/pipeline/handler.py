@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable
 
-from inferbus_common.catalog import Catalog, DeployedVersion, is_rejected, not_ready_error
+from inferbus_common.catalog import Catalog, DeployedVersion
+from inferbus_common.catalogrecords import is_rejected, not_ready_error
 from inferbus_common.errors import (
     FailedPrecondition,
     InvalidArgument,

@@ -26,13 +26,10 @@ from google.protobuf.message import Message
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.datatypes import V2_TO_CONFIG
 from inferbus_common.engineconfig import instance_device_kind
-from inferbus_common.modelconfig import (
-    ModelConfig,
-    SequenceBatchingConfig,
-    SequenceControl,
-    TensorSpec,
-)
+from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.modelstats import Duration, ModelStats
+from inferbus_common.sequencebatching import SequenceBatchingConfig, SequenceControl
+from inferbus_common.tensorspec import TensorSpec
 
 _BACKENDS = {"onnxruntime": "onnxruntime", "tensorrt": "tensorrt", "vllm": "vllm"}
 """`EngineConfig.kind` → Triton backend name."""

@@ -19,8 +19,10 @@ from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from inferbus_common.catalog import InitialValues, Route, WorkerStatus, ensure_kv, summarize_states
+from inferbus_common.catalog import Route, WorkerStatus, ensure_kv
+from inferbus_common.catalogrecords import summarize_states
 from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound
+from inferbus_common.kvwatch import InitialValues
 from inferbus_common.subjects import Subjects
 from inferbus_common.versionhealth import WindowStats
 from inferbus_registry import metrics
