@@ -31,7 +31,7 @@ from inferbus_worker.engines import (
     build_engine,
     warmup_batch_sizes,
 )
-from inferbus_worker.runner import runs_on_gpu
+from inferbus_worker.execution import runs_on_gpu
 
 pytestmark = [
     pytest.mark.gpu,

@@ -29,7 +29,7 @@ from inferbus_worker.engines import (
     warmup_batch_sizes,
 )
 from inferbus_worker.engines.onnx import check_session_providers
-from inferbus_worker.runner import runs_on_gpu
+from inferbus_worker.execution import runs_on_gpu
 from inferbus_worker.versionhost import failure_state
 
 

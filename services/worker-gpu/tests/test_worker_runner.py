@@ -31,7 +31,8 @@ from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
 from inferbus_testing.answers import Answer, answers_of
 from inferbus_worker.engines import EngineError, OnnxRuntimeEngine, TensorRTEngine
-from inferbus_worker.runner import InlineRuns, ModelRunner, runs_on_gpu
+from inferbus_worker.execution import InlineRuns, runs_on_gpu
+from inferbus_worker.runner import ModelRunner
 from inferbus_worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,8 @@ from inferbus_common.bus import NO_STREAM_ERRORS
 from inferbus_common.catalog import Route, ensure_kv
 from inferbus_common.subjects import Subjects
 from inferbus_registry import metrics
-from inferbus_registry.repository import ModelRepository, ModelState, VersionRecord
+from inferbus_registry.records import ModelState, VersionRecord
+from inferbus_registry.repository import ModelRepository
 from inferbus_registry.traffic import (
     Ready,
     RouteWrite,

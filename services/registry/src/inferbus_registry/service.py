@@ -25,8 +25,9 @@ from inferbus_registry import metrics
 from inferbus_registry.grpcerrors import NATS_ERRORS, abort, answer, as_error
 from inferbus_registry.pools import PoolBook
 from inferbus_registry.publisher import CatalogPublisher
+from inferbus_registry.records import ModelState, VersionRecord
 from inferbus_registry.release_api import ReleaseRPCs
-from inferbus_registry.repository import ModelRepository, ModelState, VersionRecord
+from inferbus_registry.repository import ModelRepository
 from inferbus_registry.rollout import RolloutController
 from inferbus_registry.store import CHUNK_SIZE
 

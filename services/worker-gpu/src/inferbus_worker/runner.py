@@ -25,30 +25,10 @@ Per micro-batch:
    engine failures are retried with ``nak(delay)`` until the last delivery,
    which is answered ``INTERNAL`` and terminated.
 
-Merging: when a fetched micro-batch says more are waiting for the consumer
-(JetStream's ``num_pending``), the runner takes those at once (a no-wait
-pull) and joins batches with the same tensor signature up to
-``max_batch_size`` rows into one engine execution. Under load the batches
-that queued up while the engine was busy thus run as one full batch; when
-idle nothing waits (the batcher may dispatch early and the engine still
-fills). A merged group is acked, nak'ed or terminated as a whole; if the
-engine rejects a merged input, each batch is retried alone so one bad batch
-cannot fail its neighbours.
-
-Short runs inline: handing a micro-batch to an engine thread and back costs
-a few hundred microseconds on a busy machine (executor hand-off, loop wake-up,
-GIL), far more than a tiny model's run. `InlineRuns` keeps a moving average of
-the engine's run time per batch-size class; a batch whose class recently ran
-under ``inline_run_max_us`` runs on the event loop, anything else (and any
-class not measured yet) in the thread pool. GPU engines always use the pool.
-
-Pre/post-processing (`inferbus_worker.processing`, when the version's config
-declares it) runs on the merged batch around the engine, in the same thread
-pool, timed as the ``pre`` and ``post`` stages of ``Ib-Timings``. Requests
-whose rows fail pre-processing are answered ``INVALID_ARGUMENT`` before the
-engine runs; the rest of the batch is computed as usual. (If the engine then
-fails and the batch is redelivered, those requests are answered again; the
-gateway keeps the first answer.)
+The pull loop and the grouping of fetched batches are in
+`inferbus_worker.pullloop`, engine runs (inline or in the pool) and
+pre/post-processing in `inferbus_worker.execution`, replies in
+`inferbus_worker.answering`.
 """
 
 from __future__ import annotations
@@ -60,9 +40,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import nats.errors
-import nats.js.errors
-import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -74,29 +51,18 @@ from inferbus_common.batchrule import BatchRule
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import InvalidArgument, StatusCode
 from inferbus_common.protocol import headers as h
-from inferbus_common.protocol.framing import FrameError
-from inferbus_common.protocol.microbatch import BatchEntry, MicroBatch, decode_batch
-from inferbus_common.protocol.tensors import batch_signature, join_tensors
+from inferbus_common.protocol.microbatch import MicroBatch
+from inferbus_common.protocol.tensors import join_tensors
 from inferbus_common.subjects import Subjects
 from inferbus_common.validation import RequestChecker
 from inferbus_worker import metrics
-from inferbus_worker.engines import (
-    Engine,
-    EngineError,
-    EngineInputError,
-    PermanentEngineError,
-)
-from inferbus_worker.isolation import run_alone
-from inferbus_worker.microbatch import (
-    BatchReplies,
-    LiveRequest,
-    Outbox,
-    ReplyContext,
-    gather_inputs,
-    split_expired,
-)
+from inferbus_worker.answering import Answering
+from inferbus_worker.engines import Engine, EngineError, EngineInputError, PermanentEngineError
+from inferbus_worker.execution import EngineExecution, InlineRuns, runs_on_gpu
+from inferbus_worker.microbatch import ReplyContext, gather_inputs, split_expired
 from inferbus_worker.processing import Processing
-from inferbus_worker.pull import ConsumerGone, PullConsumer
+from inferbus_worker.pull import PullConsumer
+from inferbus_worker.pullloop import NATS_ERRORS, PullLoop
 from inferbus_worker.settings import WorkerSettings
 from inferbus_worker.stats import VersionCounters
 
@@ -105,67 +71,8 @@ log = logging.getLogger(__name__)
 BATCH_SPAN = "inferbus.worker.batch"
 REQUEST_SPAN = "inferbus.worker.request"
 
-_NATS_ERRORS = (nats.errors.Error, nats.js.errors.Error, OSError)
-"""Failures talking to NATS: transient, the batch is redelivered."""
 
-
-def runs_on_gpu(engine: Engine) -> bool:
-    """Whether `engine` really computes on a GPU (its `Engine.device_kind`)."""
-    return engine.device_kind == "gpu"
-
-
-class InlineRuns:
-    """Decides whether an engine run is short enough to run on the event loop.
-
-    Run times are kept as a moving average per batch-size class (rows 1, 2-3,
-    4-7, ...: a model's time per batch is far from proportional to its rows).
-    A class with no measurement yet runs in the thread pool, and its first
-    runs there measure it; every run, inline or not, updates its class, so a
-    model that slows down (a busy machine, a bigger input) goes back to the
-    threads after a run or a few.
-
-    Args:
-        max_s: longest average run time that still runs inline; 0 disables.
-        alpha: weight of the newest run in the moving average.
-    """
-
-    def __init__(self, max_s: float, *, alpha: float = 0.2) -> None:
-        self.max_s = max_s
-        self._alpha = alpha
-        self._avg: dict[int, float] = {}
-
-    @staticmethod
-    def _key(rows: int) -> int:
-        return max(rows, 1).bit_length()
-
-    def inline(self, rows: int) -> bool:
-        """True when a batch of `rows` rows should run on the event loop."""
-        if self.max_s <= 0:
-            return False
-        avg = self._avg.get(self._key(rows))
-        return avg is not None and avg <= self.max_s
-
-    def observe(self, rows: int, seconds: float) -> None:
-        """Record one engine run of `rows` rows that took `seconds`."""
-        key = self._key(rows)
-        avg = self._avg.get(key)
-        self._avg[key] = seconds if avg is None else avg + self._alpha * (seconds - avg)
-
-    def average(self, rows: int) -> float | None:
-        """Moving average run time of the class of `rows` (None: not measured)."""
-        return self._avg.get(self._key(rows))
-
-
-def _timed_run(
-    engine: Engine, inputs: dict[str, np.ndarray], outputs: list[str]
-) -> tuple[dict[str, np.ndarray], float]:
-    """`engine.run` and its duration in seconds (measured where it runs)."""
-    t0 = time.perf_counter()
-    result = engine.run(inputs, outputs)
-    return result, time.perf_counter() - t0
-
-
-class ModelRunner:
+class ModelRunner(PullLoop, EngineExecution, Answering):
     """Pulls and computes the micro-batches of one model version.
 
     Args:
@@ -288,139 +195,11 @@ class ModelRunner:
                 await self._keepalive_task
             self._keepalive_task = None
         if self._puller is not None:
-            with contextlib.suppress(*_NATS_ERRORS):
+            with contextlib.suppress(*NATS_ERRORS):
                 await self._puller.stop()
             self._puller = None
         self._pool.shutdown(wait=True)
         await asyncio.to_thread(self._engine.close)
-
-    async def _pull_loop(self) -> None:
-        assert self._puller is not None
-        while not self._stopping.is_set():
-            if self._free <= 0:
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
-                continue
-            try:
-                # One batch per free slot: a long poll for one returns as soon as a
-                # batch is there, and leaves no pull open on the server that would
-                # deliver batches nobody has a slot for. Nothing there within the
-                # idle delay: tell the batchers (`_signal_idle`).
-                msgs = await self._puller.fetch(
-                    1,
-                    self._settings.fetch_timeout_s,
-                    on_idle=self._signal_idle,
-                    idle_after_s=self._idle_after_s,
-                )
-            except ConsumerGone as exc:
-                # Nobody answers pulls for the consumer: it (or its memory-storage
-                # stream) went away with a nats-server restart. Create it again.
-                log.warning(
-                    "fetch failed: %r; re-creating the consumer", exc, extra=self._log_extra
-                )
-                await self._restore_consumer()
-                continue
-            except _NATS_ERRORS as exc:
-                log.warning("fetch failed: %s", exc, extra=self._log_extra)
-                await asyncio.sleep(self._settings.fetch_timeout_s)
-                continue
-            if not msgs:
-                continue  # no batch within the poll
-            pending = msgs[-1].metadata.num_pending or 0
-            if self._merge_limit > 1:
-                if pending > 0:
-                    msgs += await self._fetch_waiting(min(pending, self._merge_limit - 1))
-            for group in self._plan(msgs):
-                self._free -= 1
-                task = asyncio.create_task(self._handle(group))
-                self._inflight.add(task)
-                task.add_done_callback(self._finished)
-
-    async def _signal_idle(self) -> None:
-        """A free slot and no batch waiting: requests for this version need not wait
-        to fill a batch (the batchers dispatch at once on this signal). Sent only
-        after a pull found nothing for `idle_signal_after_us`, so a busy worker,
-        whose next batch is already there, sends none."""
-        with contextlib.suppress(*_NATS_ERRORS):
-            await self._nc.publish(self._idle_subject, b"")
-
-    async def _restore_consumer(self) -> None:
-        """Create the durable consumer again (idempotent); wait a little if that fails.
-
-        The pull subscription itself needs no change: pulls name the stream and
-        consumer, replies come to its own inbox. When the stream is missing too,
-        the batcher re-creates it on its next publish; until then this retries.
-        """
-        assert self._consumer_config is not None
-        try:
-            await self._js.add_consumer(self._subjects.batch_stream, self._consumer_config)
-        except _NATS_ERRORS as exc:
-            log.warning("consumer not re-created yet: %r", exc, extra=self._log_extra)
-            await asyncio.sleep(min(0.5, self._settings.fetch_timeout_s))
-        else:
-            log.info("consumer %s re-created", self.consumer, extra=self._log_extra)
-
-    async def _fetch_waiting(self, count: int) -> list[Msg]:
-        """Take up to `count` micro-batches that are already waiting, without waiting.
-
-        A JetStream no-wait pull: the server sends what it has, then ``404 No
-        Messages``; it never lingers on the server for batches not there yet.
-        """
-        assert self._puller is not None
-        try:
-            return await self._puller.fetch(count, self._settings.fetch_timeout_s, no_wait=True)
-        except (ConsumerGone, *_NATS_ERRORS) as exc:
-            log.warning("fetching waiting batches failed: %s", exc, extra=self._log_extra)
-            return []
-
-    def _plan(self, msgs: list[Msg]) -> list[list[tuple[Msg, MicroBatch | None]]]:
-        """Group fetched micro-batches into engine executions.
-
-        Batches with the same tensor signature are joined in arrival order by
-        the batch rule the batcher uses (`BatchRule.merge`: the largest
-        preferred batch size a prefix adds up to, else up to
-        ``max_batch_size`` rows); undecodable ones form groups of their own
-        (to be terminated).
-        """
-        groups: list[list[tuple[Msg, MicroBatch | None]]] = []
-        by_signature: dict[tuple, list[tuple[Msg, MicroBatch | None]]] = {}
-        for msg in msgs:
-            try:
-                batch: MicroBatch | None = decode_batch(msg.data)
-            except FrameError:
-                groups.append([(msg, None)])
-                continue
-            assert batch is not None
-            if self._merge_limit <= 1:
-                groups.append([(msg, batch)])
-                continue
-            by_signature.setdefault(batch_signature(batch.tensors), []).append((msg, batch))
-        for waiting in by_signature.values():
-            while waiting:
-                n = self._batch_rule.merge(b.rows for _, b in waiting if b is not None)
-                groups.append(waiting[:n])
-                waiting = waiting[n:]
-        return groups
-
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        self._inflight.discard(task)
-        self._free += 1
-        self._slot_freed.set()
-        if not task.cancelled() and task.exception() is not None:
-            log.error("batch handler crashed: %r", task.exception(), extra=self._log_extra)
-
-    async def _keepalive(self) -> None:
-        """Tell JetStream every third of the ack wait that the batches held here are
-        still worked on, so that only a dead (or frozen) worker's batches go elsewhere
-        after the short ack wait, never a slow run's."""
-        interval = self._settings.ack_wait_s / 3
-        while True:
-            await asyncio.sleep(interval)
-            due = time.monotonic() - interval
-            for msg, taken in list(self._held.values()):
-                if taken <= due:
-                    with contextlib.suppress(*_NATS_ERRORS):
-                        await msg.in_progress()
 
     async def _handle(self, group: list[tuple[Msg, MicroBatch | None]]) -> None:
         """`_handle_group` (its batches kept alive meanwhile), inside the trace spans
@@ -517,7 +296,7 @@ class ModelRunner:
                     for msg, batch in group:
                         assert batch is not None
                         await self._process([msg], batch, split_on_reject=False)
-        except _NATS_ERRORS as exc:
+        except NATS_ERRORS as exc:
             # Replies or the ack did not get out; the batch comes back after ack_wait.
             log.warning("lost the bus while answering a batch: %s", exc, extra=self._log_extra)
             metrics.BATCHES.labels(**self._labels, outcome="failed").inc()
@@ -525,27 +304,8 @@ class ModelRunner:
             log.exception("unexpected error handling a batch", extra=self._log_extra)
             metrics.BATCHES.labels(**self._labels, outcome="failed").inc()
             for msg in msgs:
-                with contextlib.suppress(*_NATS_ERRORS):
+                with contextlib.suppress(*NATS_ERRORS):
                     await msg.nak(delay=self._settings.nak_delay_s)
-
-    async def _terminate_garbage(self, msg: Msg) -> None:
-        # Nobody can be answered: the reply subjects are inside the garbage.
-        log.error("terminating an undecodable micro-batch", extra=self._log_extra)
-        await msg.term()
-        metrics.BATCHES.labels(**self._labels, outcome="garbage").inc()
-
-    async def _send(self, outbox: Outbox) -> None:
-        """Publish a run's answers and count them by status."""
-        await outbox.send(self._nc)
-        for status, n in outbox.counts.items():
-            self._metric(metrics.REPLIES, status=status).inc(n)
-        self.stats.failed(len(outbox) - outbox.counts.get("OK", 0))
-
-    async def _fail_all(self, entries: list[BatchEntry], code: StatusCode, message: str) -> None:
-        outbox = Outbox(self._reply_ctx)
-        for entry in entries:
-            outbox.error(entry, code, message)
-        await self._send(outbox)
 
     async def _process(self, msgs: list[Msg], batch: MicroBatch, *, split_on_reject: bool) -> bool:
         """Run one (possibly merged) micro-batch; False when a merged input was rejected
@@ -641,136 +401,3 @@ class ModelRunner:
                 },
             )
         return True
-
-    async def _compute(
-        self, msgs: list[Msg], inputs: dict[str, np.ndarray], rows: int
-    ) -> dict[str, np.ndarray]:
-        if self._inline.inline(rows):
-            # Short: running it here costs less than the hand-off to a thread and back.
-            outputs, seconds = _timed_run(self._engine, inputs, self._outputs)
-            self._inline.observe(rows, seconds)
-            self._metric(metrics.INLINE_RUNS).inc()
-            return outputs
-        loop = asyncio.get_running_loop()
-        # `_keepalive` tells JetStream meanwhile that the batch is still worked on.
-        outputs, seconds = await loop.run_in_executor(
-            self._pool, _timed_run, self._engine, inputs, self._outputs
-        )
-        self._inline.observe(rows, seconds)
-        return outputs
-
-    async def _run_alone(
-        self, inputs: dict[str, np.ndarray], requests: list[LiveRequest]
-    ) -> tuple[dict[str, np.ndarray], list[LiveRequest]]:
-        """After the engine refused the batch: each request alone (`isolation.run_alone`).
-
-        Answers the requests that fail alone; returns the outputs and requests
-        of those that computed.
-        """
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(
-            self._pool, run_alone, self._engine, inputs, requests, self._outputs
-        )
-        outbox = Outbox(self._reply_ctx)
-        for r, code, message in result.rejected:
-            outbox.error(r.entry, code, message)
-        await self._send(outbox)
-        return result.outputs, result.requests
-
-    async def _preprocess(
-        self,
-        inputs: dict[str, np.ndarray],
-        requests: list[LiveRequest],
-        stages: dict[str, float],
-    ) -> tuple[dict[str, np.ndarray], list[LiveRequest]]:
-        """Run the pre steps on the whole batch; answer the requests whose rows failed.
-
-        Failed rows stay in the engine inputs (zero-filled, so the batch keeps
-        its shape); their requests are answered ``INVALID_ARGUMENT`` here and
-        left out of the returned requests, so their results are never sent.
-        """
-        assert self._processing is not None
-        rows = sum(r.entry.rows for r in requests)
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._pool, self._processing.pre, inputs, rows)
-        stages["pre"] = result.seconds * 1000
-        metrics.PROCESSING_SECONDS.labels(**self._labels, stage="pre").observe(result.seconds)
-        if not result.row_errors:
-            return result.inputs, requests
-        kept = []
-        outbox = Outbox(self._reply_ctx)
-        for r in requests:
-            bad = next((i for i in range(r.start, r.stop) if i in result.row_errors), None)
-            if bad is None:
-                kept.append(r)
-                continue
-            message = f"{self._config.name}: row {bad - r.start}: {result.row_errors[bad]}"
-            outbox.error(r.entry, StatusCode.INVALID_ARGUMENT, message)
-        await self._send(outbox)
-        return result.inputs, kept
-
-    async def _postprocess(
-        self, outputs: dict[str, np.ndarray], stages: dict[str, float]
-    ) -> dict[str, np.ndarray]:
-        """Run the post steps on the whole batch's engine outputs."""
-        assert self._processing is not None
-        loop = asyncio.get_running_loop()
-        outputs, seconds = await loop.run_in_executor(self._pool, self._processing.post, outputs)
-        stages["post"] = seconds * 1000
-        metrics.PROCESSING_SECONDS.labels(**self._labels, stage="post").observe(seconds)
-        return outputs
-
-    def _metric(self, metric: Any, **extra: str) -> Any:
-        """`metric`'s child for this version (and `extra` labels), cached: ``labels()``
-        with keyword arguments costs a few µs, and replies count once per request."""
-        key = (metric, *extra.values())
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(**self._labels, **extra)
-        return child
-
-    def _observe(self, requests: list[LiveRequest], rows: int, start_ns: int, compute_s: float):
-        self._metric(metrics.ROWS).inc(rows)
-        self._metric(metrics.BATCH_SIZE).observe(rows)
-        self._metric(metrics.COMPUTE_SECONDS).observe(compute_s)
-        queue_hist = self._metric(metrics.QUEUE_SECONDS)
-        for r in requests:
-            if r.entry.enqueued_ns:
-                queue_hist.observe(max(0.0, (start_ns - r.entry.enqueued_ns) / 1e9))
-
-    async def _answer(
-        self,
-        requests: list[LiveRequest],
-        outputs: dict[str, np.ndarray],
-        rows: int,
-        start_ns: int,
-        compute_s: float,
-        *,
-        stages: dict[str, float] | None = None,
-    ) -> None:
-        replies = BatchReplies(
-            outputs,
-            batched=self._config.max_batch_size > 0,
-            compute_ms=compute_s * 1000,
-            stages_ms=stages,
-        )
-        outbox = Outbox(self._reply_ctx, replies.shared_timings, rows)
-        for r in requests:
-            entry = r.entry
-            queue_ms = max(0.0, (start_ns - entry.enqueued_ns) / 1e6) if entry.enqueued_ns else 0.0
-            try:
-                outbox.ok(entry, queue_ms, replies.frame_parts(r))
-            except InvalidArgument as exc:
-                outbox.error(entry, StatusCode.INVALID_ARGUMENT, exc.message)
-        await self._send(outbox)
-
-    async def _poison(
-        self, msgs: list[Msg], entries: list[BatchEntry], code: StatusCode, message: str
-    ) -> None:
-        """Answer every request with an error and terminate the batches (no redelivery)."""
-        log.warning("terminating a micro-batch: %s", message, extra=self._log_extra)
-        await self._fail_all(entries, code, message)
-        for msg in msgs:
-            await msg.term()
-        outcome = "invalid" if code is StatusCode.INVALID_ARGUMENT else "failed"
-        metrics.BATCHES.labels(**self._labels, outcome=outcome).inc(len(msgs))
