@@ -15,6 +15,7 @@ import sys
 
 from inferbus_common.lifecycle import run, stop_event_on_signals
 from inferbus_common.logs import setup_logging
+from inferbus_worker.llm.loopwatch import GcPauses
 from inferbus_worker.llm.settings import LlmWorkerSettings
 from inferbus_worker.llm.worker import LlmWorker
 
@@ -25,8 +26,9 @@ async def serve(settings: LlmWorkerSettings) -> int:
     """Serve until SIGTERM or SIGINT (0) or until the worker gives up (1), then drain."""
     stop = stop_event_on_signals()
     worker = LlmWorker(settings, on_fatal=lambda _reason: stop.set())
-    async with worker:
-        await stop.wait()
+    with GcPauses():
+        async with worker:
+            await stop.wait()
     if worker.fatal:
         log.critical("llm worker exits with status 1: %s", worker.fatal)
         return 1
