@@ -126,7 +126,13 @@ class LlmWorker(VersionHost[VersionServer]):
             metrics.WAITING_SEQS.labels(*labels).set(stats.waiting)
             metrics.KV_CACHE_USAGE.labels(*labels).set(stats.kv_cache_usage)
 
-        engine = LlmEngine(dv.config, self._model_dir(directory, dv), self.device, on_stats)
+        engine = LlmEngine(
+            dv.config,
+            self._model_dir(directory, dv),
+            self.device,
+            on_stats,
+            nice=self.settings.engine_nice,
+        )
         try:
             await asyncio.to_thread(engine.start)
             server = VersionServer(
