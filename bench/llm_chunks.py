@@ -129,12 +129,6 @@ def main() -> None:
         default=10,
         help="niceness added to the LLM worker and its engine (the tests use 10)",
     )
-    ap.add_argument(
-        "--engine-nice",
-        type=int,
-        default=0,
-        help="niceness added to vLLM's engine processes only (INFERBUS_LLM_ENGINE_NICE)",
-    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="llm-chunks-") as tmp:
         base = Path(tmp)
@@ -143,7 +137,7 @@ def main() -> None:
         )
         with LocalStack(base, workers=0, with_redis=True) as stack:
             stack.push(model_dir, TINY_LLM)
-            worker = start_llm_worker(stack, base, nice=args.nice, engine_nice=args.engine_nice)
+            worker = start_llm_worker(stack, base, nice=args.nice)
             wait_llm_ready(stack, worker, TINY_LLM)
             before = loop_numbers(stack.metrics(worker))
             runs = asyncio.run(run(stack, worker, args.requests, args.max_tokens))

@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from inferbus_common.modelconfig import ModelConfig
-from inferbus_worker.llm.engine import (
-    descendants,
-    detect_device,
-    engine_environment,
-    engine_options,
-    renice,
-)
+from inferbus_worker.llm.engine import detect_device, engine_environment, engine_options
 
 
 def _config(**generation: object) -> ModelConfig:
@@ -61,28 +50,3 @@ def test_an_explicit_device_is_kept() -> None:
     assert detect_device("cuda") == "cuda"
     assert _config().generation is not None
     assert _config().generative
-
-
-def test_engine_processes_are_found_and_reniced_thread_by_thread() -> None:
-    """`descendants` finds a child's own child; `renice` lowers every thread of them."""
-    # A child that starts a grandchild and waits on it: both must be found.
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess; subprocess.run(['sleep', '30'])"]
-    )
-    try:
-        deadline = time.monotonic() + 10
-        found: set[int] = set()
-        while time.monotonic() < deadline and len(found) < 2:
-            found = descendants(os.getpid()) & ({child.pid} | descendants(child.pid))
-            time.sleep(0.05)
-        assert child.pid in found and len(found) == 2
-        before = {pid: os.getpriority(os.PRIO_PROCESS, pid) for pid in found}
-        assert renice(found, 3) >= 2
-        for pid, nice in before.items():
-            assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, nice + 3)
-        assert os.getpriority(os.PRIO_PROCESS, os.getpid()) == os.nice(0)  # not us
-    finally:
-        for pid in descendants(child.pid):
-            os.kill(pid, signal.SIGKILL)
-        child.kill()
-        child.wait()

@@ -62,12 +62,10 @@ def start_llm_worker(
     base: Path,
     name: str = "llm-worker",
     nice: int = 10,
-    engine_nice: int = 0,
 ) -> ServiceProcess:
     """Start an LLM worker (CPU) on `stack`, registered in ``stack.procs[name]``.
 
-    `nice` is added to the worker's niceness (vLLM's engine processes inherit
-    it); `engine_nice` to its engine processes' only (``INFERBUS_LLM_ENGINE_NICE``).
+    `nice` is added to the worker's niceness (vLLM's engine processes inherit it).
     """
     assert stack.nats is not None
     worker = ServiceProcess(
@@ -86,7 +84,6 @@ def start_llm_worker(
             "INFERBUS_LLM_REGISTRY_URL": stack.registry_url,
             "INFERBUS_LLM_CACHE_DIR": str(base / f"{name}-cache"),
             "INFERBUS_LLM_DEVICE": "cpu",
-            "INFERBUS_LLM_ENGINE_NICE": str(engine_nice),
         },
     )
     stack.procs[name] = worker

@@ -99,43 +99,6 @@ def engine_environment(config: ModelConfig, device: str) -> dict[str, str]:
     return env
 
 
-def descendants(pid: int) -> set[int]:
-    """Live descendant processes of `pid` (from Linux's /proc; empty where there is none)."""
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = (task / "children").read_text().split()
-            except OSError:  # the task ended meanwhile
-                continue
-            for child in map(int, children):
-                if child not in found:
-                    found.add(child)
-                    todo.append(child)
-    return found
-
-
-def renice(pids: set[int], increment: int) -> int:
-    """Add `increment` to the niceness of every thread of `pids`; returns threads changed.
-
-    Linux keeps a niceness per thread, and a thread inherits its creator's: every
-    thread that exists now is changed, the ones made later follow.
-    """
-    changed = 0
-    for pid in pids:
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            tid = int(task.name)
-            try:
-                current = os.getpriority(os.PRIO_PROCESS, tid)
-                os.setpriority(os.PRIO_PROCESS, tid, min(19, current + increment))
-            except OSError:  # ended meanwhile, or not ours to change
-                continue
-            changed += 1
-    return changed
-
-
 @dataclass(slots=True)
 class Step:
     """What one engine step added to one completion of a request.
@@ -203,8 +166,6 @@ class LlmEngine:
         model_dir: the Hugging Face directory (config, tokenizer, weights).
         device: ``cpu`` or ``cuda`` (see `detect_device`).
         on_stats: called with `EngineStats` after engine steps that carry stats.
-        nice: added to the niceness of vLLM's engine processes once started (the
-            worker's own process, which relays every chunk, keeps its own).
     """
 
     def __init__(
@@ -213,9 +174,7 @@ class LlmEngine:
         model_dir: Path,
         device: str,
         on_stats: Callable[[EngineStats], None] | None = None,
-        nice: int = 0,
     ) -> None:
-        self.nice = nice
         self.config = config
         self.gen = config.generation or GenerationConfig()
         self.model_dir = model_dir
@@ -226,7 +185,7 @@ class LlmEngine:
 
     def fresh(self) -> LlmEngine:
         """A new, not yet started engine with the same config, files, device and stats hook."""
-        return type(self)(self.config, self.model_dir, self.device, self._on_stats, self.nice)
+        return type(self)(self.config, self.model_dir, self.device, self._on_stats)
 
     @property
     def dead(self) -> bool:
@@ -301,17 +260,9 @@ class LlmEngine:
 
         args = AsyncEngineArgs(**engine_options(self.config, self.model_dir, self.device))
         t0 = time.monotonic()
-        before = descendants(os.getpid())
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_Stats])
         self._tokenizer = self._llm.get_tokenizer()
         log.info("vLLM engine started in %.1f s", time.monotonic() - t0)
-        if self.nice:
-            # The engine computes flat out while it generates (on CPU every core
-            # but one, plus a busy scheduler loop); at the worker's own priority
-            # it took the CPU from this process, whose event loop relays every
-            # chunk, and chunks left in bursts.
-            threads = renice(descendants(os.getpid()) - before, self.nice)
-            log.info("vLLM engine processes reniced by %d (%d threads)", self.nice, threads)
 
     def unfinished(self) -> int:
         """Requests vLLM has not finished (running or waiting), from its own state.

@@ -46,12 +46,6 @@ class LlmWorkerSettings(ServiceSettings):
     """Restarts of a dead vLLM engine that may fail in a row before the worker exits
     with status 1 (its supervisor, a compose restart policy or Kubernetes, then
     starts a fresh process). The wait between attempts is ``load_retry_s``."""
-    engine_nice: int = Field(default=0, ge=0, le=19)
-    """Niceness added to vLLM's engine processes (engine core and model workers)
-    once started, not to the worker process itself: its event loop relays every
-    chunk of every stream and must not wait behind an engine that computes flat
-    out on the same cores (CPU hosts; see docs/architecture.md, "The generative
-    path")."""
     engine_shutdown_timeout_s: float = Field(default=10.0, gt=0)
     """Limit for stopping an engine (a dead one before its restart, or any at drain);
     vLLM kills its processes when they outlast it."""

@@ -126,13 +126,7 @@ class LlmWorker(VersionHost[VersionServer]):
             metrics.WAITING_SEQS.labels(*labels).set(stats.waiting)
             metrics.KV_CACHE_USAGE.labels(*labels).set(stats.kv_cache_usage)
 
-        engine = LlmEngine(
-            dv.config,
-            self._model_dir(directory, dv),
-            self.device,
-            on_stats,
-            nice=self.settings.engine_nice,
-        )
+        engine = LlmEngine(dv.config, self._model_dir(directory, dv), self.device, on_stats)
         try:
             await asyncio.to_thread(engine.start)
             server = VersionServer(
