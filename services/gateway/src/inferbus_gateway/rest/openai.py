@@ -219,6 +219,7 @@ class _Choices:
 
     @property
     def prefix(self) -> str:
+        """The answer id's prefix, as OpenAI's (``chatcmpl-`` / ``cmpl-``)."""
         return "chatcmpl-" if self.kind == "chat" else "cmpl-"
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
