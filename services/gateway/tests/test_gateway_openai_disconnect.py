@@ -141,7 +141,9 @@ async def test_a_client_that_stops_reading_and_leaves_cancels_it_too(endless: En
     close must still be noticed (the blocked send is not what detects it)."""
     async with httpx.AsyncClient(timeout=10) as http:
         async with http.stream(
-            "POST", f"{endless.url}/v1/completions", json={**BODY, "prompt": "x", "stream": True}
+            "POST",
+            f"{endless.url}/v1/completions",
+            json={"model": "llm", "prompt": "x", "max_tokens": 10**6, "stream": True},
         ) as resp:
             assert resp.status_code == 200
             rid = resp.headers[REQUEST_ID_HEADER]

@@ -92,7 +92,7 @@ class ScriptedEngine(LlmEngine):
                     await self._killed.wait()
             except TimeoutError:
                 last = i + 1 == (request.max_tokens or 3)
-                yield Step("x", 1, "length" if last else None, len(prompt_ids))
+                yield Step("x", 1, "length" if last else None, len(prompt_ids), done=last)
                 continue
             if self.script.hang_when_dead:
                 await asyncio.Event().wait()

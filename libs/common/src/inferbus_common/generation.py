@@ -1,10 +1,10 @@
 """The generative request and its streamed chunks, as they travel on NATS.
 
-Gateway → router → LLM worker: one message whose body is a `GenerationRequest`
-as JSON and whose headers are the usual ones (`Ib-Request-Id`, `Ib-Deadline`,
-`Ib-Model`, `Ib-Reply`, `Ib-Tenant`, `traceparent`) plus ``Ib-Kind: generate``,
-which makes the router send it to ``ib.gen.<model>.<version>`` instead of the
-batcher.
+Gateway → router → LLM worker: one message on ``ib.genroute.<model>`` whose
+body is a `GenerationRequest` as JSON and whose headers are the usual ones
+(`Ib-Request-Id`, `Ib-Deadline`, `Ib-Model`, `Ib-Reply`, `Ib-Tenant`,
+`traceparent`, ``Ib-Kind: generate``); the router sends it to
+``ib.gen.<model>.<version>``, never to the batcher.
 
 LLM worker → gateway inbox: a stream of chunk messages, each with
 ``Ib-Seq`` (0, 1, 2 ...) and a JSON `GenerationChunk` body; the last one has
@@ -22,10 +22,17 @@ the worker holding that request aborts it in the engine (its KV cache is freed).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from inferbus_common.errors import InvalidArgument
 
@@ -34,13 +41,78 @@ LLM_FULL_REASON = "llm-full"
 requests as it admits (``max_num_seqs + max_waiting``)."""
 
 
-class ChatMessage(BaseModel):
-    """One chat turn (OpenAI's message shape; only text content)."""
+MAX_CHOICES = 16
+"""Most completions one request may ask for (``n``)."""
+MAX_LOGPROBS = 20
+"""Most alternatives per token a request may ask for (vLLM's default ``max_logprobs``)."""
 
-    model_config = ConfigDict(extra="ignore")
+
+def text_of_parts(parts: list[Any]) -> str:
+    """The text of an OpenAI content-part list, text parts joined by newlines (as vLLM does).
+
+    Raises:
+        ValueError: a part that is not ``{"type": "text", "text": str}``; the
+            message names the part's type (inferbus carries text only: images,
+            audio and files reach no model).
+    """
+    texts = []
+    for i, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            raise ValueError(
+                f"content part {i} has type {kind!r}: only 'text' parts are supported "
+                "(the generative models served here take text only)"
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise ValueError(f"content part {i} (type 'text') needs a string 'text'")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+class ChatMessage(BaseModel):
+    """One chat turn (OpenAI's message shape, text only).
+
+    ``content`` may come as a string or as a list of text parts
+    (``[{"type": "text", "text": ...}]``); it travels as one string.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str = ""
+    name: str | None = None
+    """The participant's name; handed to the chat template."""
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_text(cls, value: Any) -> Any:
+        if value is None:  # an assistant turn may have no content
+            return ""
+        if isinstance(value, list):
+            return text_of_parts(value)
+        return value
+
+
+class ResponseFormat(BaseModel):
+    """Structured output: what the completion must parse as (vLLM's structured outputs).
+
+    ``json_object``: any JSON object; ``json_schema``: JSON valid against `json_schema`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+    """The JSON Schema (for ``json_schema`` only)."""
+
+    @model_validator(mode="after")
+    def _schema_matches_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a schema")
+        if self.type == "json_object" and self.json_schema is not None:
+            raise ValueError("type 'json_object' takes no schema")
+        return self
 
 
 class GenerationRequest(BaseModel):
@@ -62,6 +134,18 @@ class GenerationRequest(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     ignore_eos: bool = False
     """Keep generating past the end-of-sequence token (vLLM's extension; benchmarks)."""
+    top_k: int = Field(default=0, ge=-1)
+    """Sample from the k likeliest tokens only; 0 or -1: all (vLLM's extension)."""
+    min_p: float = Field(default=0.0, ge=0, le=1)
+    """Drop tokens less likely than this share of the likeliest (vLLM's extension)."""
+    repetition_penalty: float = Field(default=1.0, gt=0, le=2)
+    """Above 1 discourages tokens already in prompt or output (vLLM's extension)."""
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    """Completions to generate for the prompt (chunks carry their `GenerationChunk.index`)."""
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    """None: no log probabilities; k: each token's, with its k likeliest alternatives."""
+    response_format: ResponseFormat | None = None
+    """Constrain the completion to JSON (vLLM's structured outputs)."""
 
     @model_validator(mode="after")
     def _has_input(self) -> GenerationRequest:
@@ -90,21 +174,44 @@ FinishReason = Literal["stop", "length", "abort"]
 
 
 @dataclass(slots=True)
-class GenerationChunk:
-    """One streamed piece of a completion.
+class TokenLogprob:
+    """One generated token's log probability and its likeliest alternatives.
 
     Attributes:
-        text: text generated since the previous chunk (may be empty).
-        tokens: tokens generated since the previous chunk.
-        finish_reason: set on the final chunk only.
+        token: the token's text.
+        logprob: its log probability (-9999.0 stands for minus infinity, as in vLLM).
+        top: ``(token, logprob)`` of the most likely tokens at that position,
+            likeliest first (as many as the request's ``logprobs``).
+    """
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GenerationChunk:
+    """One streamed piece of one completion (a request with ``n`` > 1 has several).
+
+    Attributes:
+        text: text generated since the previous chunk of this completion (may be empty).
+        tokens: tokens generated since the previous chunk of this completion.
+        index: which of the request's ``n`` completions this piece belongs to.
+        logprobs: one `TokenLogprob` per token of the piece, when the request
+            asked for them (None otherwise).
+        finish_reason: set on the chunk that ends its completion (with ``n`` = 1,
+            the final chunk).
         prompt_tokens: on the final chunk: tokens in the (templated) prompt.
-        completion_tokens: on the final chunk: tokens generated in total.
+        completion_tokens: on the final chunk: tokens generated in total (all
+            completions together).
         timings_ms: on the final chunk: ``queue`` (arrival to scheduled),
             ``ttft`` (arrival to first token), ``total`` (at the worker).
     """
 
     text: str = ""
     tokens: int = 0
+    index: int = 0
+    logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -125,4 +232,9 @@ class GenerationChunk:
         if not isinstance(raw, dict):
             raise ValueError("a generation chunk must be a JSON object")
         known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
+        if known.get("logprobs") is not None:
+            known["logprobs"] = [
+                TokenLogprob(lp["token"], lp["logprob"], [(t, v) for t, v in lp.get("top", [])])
+                for lp in known["logprobs"]
+            ]
         return cls(**known)

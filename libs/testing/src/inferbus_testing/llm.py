@@ -57,8 +57,16 @@ def build_tiny_llm(
     return out
 
 
-def start_llm_worker(stack: LocalStack, base: Path, name: str = "llm-worker") -> ServiceProcess:
-    """Start an LLM worker (CPU) on `stack`, registered in ``stack.procs[name]``."""
+def start_llm_worker(
+    stack: LocalStack,
+    base: Path,
+    name: str = "llm-worker",
+    nice: int = 10,
+) -> ServiceProcess:
+    """Start an LLM worker (CPU) on `stack`, registered in ``stack.procs[name]``.
+
+    `nice` is added to the worker's niceness (vLLM's engine processes inherit it).
+    """
     assert stack.nats is not None
     worker = ServiceProcess(
         "inferbus_worker.llm",
@@ -69,7 +77,7 @@ def start_llm_worker(stack: LocalStack, base: Path, name: str = "llm-worker") ->
         # vLLM's engine process computes flat out while it generates; on a 2-core
         # test machine at equal priority it starved the gateway, nats-server and
         # the test's client for seconds at a time.
-        nice=10,
+        nice=nice,
         env={
             "INFERBUS_LLM_NATS_URL": stack.nats.url,
             "INFERBUS_LLM_METRICS_PORT": "0",

@@ -10,8 +10,9 @@ cannot close or that is not closed within ``gap_timeout_s``.
 `GenerationService` is what the OpenAI endpoints call: `GenerationService.open`
 runs admission (the same `Admission` as V2: auth, access, breaker, QPS limits,
 quotas) plus the tenant's tokens-per-minute bucket, resolves the model (it must
-be generative and ready), and publishes the request to ``ib.route.<model>`` with
-``Ib-Kind: generate``; the router sends it on to ``ib.gen.<model>.<version>``.
+be generative and ready), and publishes the request to ``ib.genroute.<model>``
+(a subject of its own: one framing per subject); the router sends it on to
+``ib.gen.<model>.<version>``.
 `GenerationCall.chunks` yields the chunks; leaving it early (client gone) or
 hitting the deadline publishes ``ib.gencancel.<request id>`` so the worker aborts
 the request in vLLM.

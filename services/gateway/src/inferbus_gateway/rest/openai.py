@@ -17,8 +17,18 @@ A client that closes its connection cancels its request in the worker (and so
 in vLLM) whenever it leaves: while its request waits for the first chunk,
 while a non-streamed answer is collected, or mid-stream.
 
-Extensions: ``ignore_eos`` (vLLM's), the ``inferbus-timeout-ms`` header (the
-request's deadline, as for V2) and ``x-request-id`` (the request id).
+What a request may ask for is `inferbus_gateway.rest.openai_request`'s audit:
+every field is served (content parts, ``n``, ``stop``, ``seed``, ``logprobs`` /
+``top_logprobs``, ``response_format`` ``json_object``/``json_schema`` through
+vLLM's structured outputs, ``stream_options.include_usage`` ...), inert at the
+value given, or refused with 400 naming it in ``error.param``. Logprobs come
+back in OpenAI's shape per endpoint (chat: ``{"content": [...]}``; completions:
+``tokens``/``token_logprobs``/``top_logprobs``/``text_offset``); ``n`` > 1
+streams each choice's chunks with their ``index``.
+
+Extensions: ``ignore_eos``, ``top_k``, ``min_p``, ``repetition_penalty``
+(vLLM's), the ``inferbus-timeout-ms`` header (the request's deadline, as for
+V2) and ``x-request-id`` (the request id).
 
 Every completion request gets what a V2 request gets from `RequestScope`: one
 access-log line (protocol ``openai``; written when the answer ends, so a
@@ -38,7 +48,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -52,10 +61,11 @@ from inferbus_common.errors import (
     Unauthenticated,
     status_of,
 )
-from inferbus_common.generation import GenerationChunk, GenerationRequest
+from inferbus_common.generation import GenerationChunk, TokenLogprob
 from inferbus_gateway.admission import BreakerOpen
 from inferbus_gateway.generation import GenerationCall, GenerationService
 from inferbus_gateway.observation.access import RequestScope
+from inferbus_gateway.rest.openai_request import InvalidField, parse_openai
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +107,7 @@ def error_body(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]
         "error": {
             "message": message,
             "type": _ERROR_TYPES.get(code, "server_error"),
-            "param": None,
+            "param": exc.param if isinstance(exc, InvalidField) else None,
             "code": err_code,
         }
     }
@@ -107,70 +117,6 @@ def error_body(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]
 def _error(exc: BaseException) -> Response:
     status, body, headers = error_body(exc)
     return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _stop_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return value
-    raise InvalidArgument("'stop' must be a string or a list of strings")
-
-
-def parse_request(body: dict[str, Any], kind: str) -> tuple[str, GenerationRequest, bool, bool]:
-    """(model, request, stream, include_usage) from an OpenAI request body.
-
-    Fields inferbus does not implement (``logprobs``, ``tools`` ...) are
-    ignored; ``n`` must be 1.
-
-    Raises:
-        InvalidArgument: naming the field that is wrong.
-    """
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidArgument("'model' is required (GET /v1/models lists the models)")
-    n = body.get("n", 1)
-    if n not in (1, None):
-        raise InvalidArgument("only n=1 is supported")
-    fields: dict[str, Any] = {"kind": kind, "stop": _stop_list(body.get("stop"))}
-    if kind == "chat":
-        fields["messages"] = body.get("messages")
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise InvalidArgument("'prompt' must be a string (one prompt per request)")
-        fields["prompt"] = prompt
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None:
-        fields["max_tokens"] = max_tokens
-    for name in (
-        "temperature",
-        "top_p",
-        "seed",
-        "presence_penalty",
-        "frequency_penalty",
-        "ignore_eos",
-    ):
-        if body.get(name) is not None:
-            fields[name] = body[name]
-    try:
-        request = GenerationRequest.model_validate(fields)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
-            for err in exc.errors(include_url=False)
-        )
-        raise InvalidArgument(f"invalid request: {problems}") from None
-    stream = bool(body.get("stream", False))
-    options = body.get("stream_options") or {}
-    include_usage = (
-        bool(options.get("include_usage", False)) if isinstance(options, dict) else False
-    )
-    return model, request, stream, include_usage
 
 
 @dataclass(slots=True)
@@ -220,35 +166,129 @@ def _finish(reason: str | None) -> str | None:
     return None if reason is None else ("stop" if reason == "abort" else reason)
 
 
-def _chunk_json(call: GenerationCall, kind: str, chunk: GenerationChunk, first: bool) -> bytes:
-    if kind == "chat":
-        delta: dict[str, Any] = {"content": chunk.text}
-        if first:
-            delta["role"] = "assistant"
-        choice: dict[str, Any] = {
-            "index": 0,
-            "delta": delta,
-            "logprobs": None,
-            "finish_reason": _finish(chunk.finish_reason),
-        }
-        obj, prefix = "chat.completion.chunk", "chatcmpl-"
-    else:
-        choice = {
-            "index": 0,
-            "text": chunk.text,
-            "logprobs": None,
-            "finish_reason": _finish(chunk.finish_reason),
-        }
-        obj, prefix = "text_completion", "cmpl-"
-    return orjson.dumps(
-        {
-            "id": prefix + call.request_id,
+def _token_bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8"))
+
+
+def _chat_logprobs(logprobs: list[TokenLogprob]) -> dict[str, Any]:
+    """OpenAI's chat ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    return {
+        "content": [
+            {
+                "token": lp.token,
+                "logprob": lp.logprob,
+                "bytes": _token_bytes(lp.token),
+                "top_logprobs": [
+                    {"token": t, "logprob": v, "bytes": _token_bytes(t)} for t, v in lp.top
+                ],
+            }
+            for lp in logprobs
+        ]
+    }
+
+
+def _completion_logprobs(logprobs: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    """OpenAI's completions ``logprobs`` (parallel lists); `offset`: characters before."""
+    offsets = []
+    for lp in logprobs:
+        offsets.append(offset)
+        offset += len(lp.token)
+    return {
+        "tokens": [lp.token for lp in logprobs],
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [dict(lp.top) for lp in logprobs],
+        "text_offset": offsets,
+    }
+
+
+class _Choices:
+    """Shapes a call's chunks into OpenAI choices, one per index (``n`` of them).
+
+    Streamed, each chunk becomes one choice of one event (the first of each index
+    with ``role`` in chat); collected, the chunks of each index add up to one choice.
+    """
+
+    def __init__(self, call: GenerationCall, kind: str, logprobs: bool) -> None:
+        self.call = call
+        self.kind = kind
+        self.logprobs = logprobs
+        self._texts: dict[int, list[str]] = {}
+        self._logprobs: dict[int, list[TokenLogprob]] = {}
+        self._finish: dict[int, str | None] = {}
+        self._offsets: dict[int, int] = {}
+        """Characters of each completion streamed so far (completions' ``text_offset``)."""
+
+    @property
+    def prefix(self) -> str:
+        """The answer id's prefix, as OpenAI's (``chatcmpl-`` / ``cmpl-``)."""
+        return "chatcmpl-" if self.kind == "chat" else "cmpl-"
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        call = self.call
+        return {
+            "id": self.prefix + call.request_id,
             "object": obj,
             "created": call.created,
             "model": call.model,
-            "choices": [choice],
+            "choices": choices,
         }
-    )
+
+    def _logprobs_of(self, index: int, logprobs: list[TokenLogprob] | None) -> Any:
+        if not self.logprobs:
+            return None
+        logprobs = logprobs or []
+        if self.kind == "chat":
+            return _chat_logprobs(logprobs)
+        out = _completion_logprobs(logprobs, self._offsets.get(index, 0))
+        self._offsets[index] = self._offsets.get(index, 0) + sum(len(lp.token) for lp in logprobs)
+        return out
+
+    def event(self, chunk: GenerationChunk) -> bytes:
+        """One streamed chunk as an SSE ``data:`` line."""
+        choice: dict[str, Any] = {"index": chunk.index}
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"content": chunk.text}
+            if chunk.index not in self._texts:
+                self._texts[chunk.index] = []
+                delta["role"] = "assistant"
+            choice["delta"] = delta
+            obj = "chat.completion.chunk"
+        else:
+            choice["text"] = chunk.text
+            obj = "text_completion"
+        choice["logprobs"] = self._logprobs_of(chunk.index, chunk.logprobs)
+        choice["finish_reason"] = _finish(chunk.finish_reason)
+        return b"data: " + orjson.dumps(self._envelope(obj, [choice])) + b"\n\n"
+
+    def usage_event(self) -> bytes:
+        """The last chunk of a stream with ``include_usage``: no choices, the usage."""
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        body = self._envelope(obj, []) | {"usage": _usage(self.call)}
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def add(self, chunk: GenerationChunk) -> None:
+        """Collect a chunk for `answer`."""
+        self._texts.setdefault(chunk.index, []).append(chunk.text)
+        if chunk.logprobs:
+            self._logprobs.setdefault(chunk.index, []).extend(chunk.logprobs)
+        if chunk.finish_reason is not None or chunk.index not in self._finish:
+            self._finish[chunk.index] = chunk.finish_reason
+
+    def answer(self) -> dict[str, Any]:
+        """The non-streamed answer: every completion, in index order, and the usage."""
+        choices = []
+        for index in sorted(self._texts):
+            text = "".join(self._texts[index])
+            choice: dict[str, Any] = {"index": index}
+            if self.kind == "chat":
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            choice["logprobs"] = self._logprobs_of(index, self._logprobs.get(index))
+            choice["finish_reason"] = _finish(self._finish.get(index))
+            choices.append(choice)
+        obj = "chat.completion" if self.kind == "chat" else "text_completion"
+        return self._envelope(obj, choices) | {"usage": _usage(self.call)}
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -294,8 +334,7 @@ class _EventStream(StreamingResponse):
 
 
 async def _events(
-    call: GenerationCall,
-    kind: str,
+    choices: _Choices,
     first: GenerationChunk | None,
     rest: AsyncGenerator[GenerationChunk, None],
     include_usage: bool,
@@ -306,22 +345,15 @@ async def _events(
     The request's scope ends with the stream: with the error it carried, or
     with the `GeneratorExit` of a client that left (logged ``CANCELLED``).
     """
+    call = choices.call
     outcome: BaseException | None = None
     try:
         if first is not None:
-            yield b"data: " + _chunk_json(call, kind, first, True) + b"\n\n"
+            yield choices.event(first)
             async for chunk in rest:
-                yield b"data: " + _chunk_json(call, kind, chunk, False) + b"\n\n"
+                yield choices.event(chunk)
         if include_usage:
-            usage: dict[str, Any] = {
-                "id": ("chatcmpl-" if kind == "chat" else "cmpl-") + call.request_id,
-                "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
-                "created": call.created,
-                "model": call.model,
-                "choices": [],
-                "usage": _usage(call),
-            }
-            yield b"data: " + orjson.dumps(usage) + b"\n\n"
+            yield choices.usage_event()
     except InferbusError as exc:
         outcome = exc
         _, body, _ = error_body(exc)
@@ -428,7 +460,8 @@ def openai_routes(service: GenerationService) -> list[Route]:
         or handed it to the event stream."""
         scope = ending.scope
         try:
-            model, gen_request, stream, include_usage = parse_request(body, kind)
+            parsed = parse_openai(body, kind)
+            model, gen_request, stream = parsed.model, parsed.request, parsed.stream
             timeout = request.headers.get(TIMEOUT_HEADER)
             try:
                 timeout_s = float(timeout) / 1000.0 if timeout is not None else None
@@ -447,7 +480,7 @@ def openai_routes(service: GenerationService) -> list[Route]:
             return _error(exc)
         _answered(scope, call)
         chunks = call.chunks()
-        parts: list[str] = []
+        choices = _Choices(call, kind, gen_request.logprobs is not None)
 
         async def first_chunk() -> GenerationChunk | None:
             # Waited for before a stream starts: a refusal (429 from a full worker)
@@ -457,29 +490,25 @@ def openai_routes(service: GenerationService) -> list[Route]:
             except StopAsyncIteration:
                 return None
 
-        async def collect() -> str | None:
+        async def collect() -> None:
             # To the end (the stream ends right after the final chunk), so the call
             # counts as answered rather than cancelled.
-            last = None
             try:
                 async for chunk in chunks:
-                    parts.append(chunk.text)
-                    last = chunk.finish_reason or last
+                    choices.add(chunk)
             finally:
                 await chunks.aclose()
-            return last
 
         # The client is watched from here on, not from the first chunk: a request
         # queued in the engine behind running ones, or a slow first token, would
         # otherwise be generated on for a client that left (and only cancelled
         # once its first chunk came, seconds or minutes later).
         first: GenerationChunk | None = None
-        finish: str | None = None
         try:
             if stream:
                 first = await _unless_disconnected(request, first_chunk())
             else:
-                finish = await _unless_disconnected(request, collect())
+                await _unless_disconnected(request, collect())
         except InferbusError as exc:
             scope.response = None
             ending.finish(exc)
@@ -491,34 +520,12 @@ def openai_routes(service: GenerationService) -> list[Route]:
         headers = {REQUEST_ID_HEADER: call.request_id}
         if stream:
             headers["Cache-Control"] = "no-cache"
-            events = _events(call, kind, first, chunks, include_usage, ending)
+            events = _events(choices, first, chunks, parsed.include_usage, ending)
             return _EventStream(events, headers, ending)
         _answered(scope, call)
         ending.finish(None)
-        text = "".join(parts)
-        if kind == "chat":
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": _finish(finish),
-            }
-            obj, prefix = "chat.completion", "chatcmpl-"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(finish)}
-            obj, prefix = "text_completion", "cmpl-"
         headers["Server-Timing"] = f"total;dur={(time.monotonic() - t0) * 1000.0:.3f}"
-        return JSONResponse(
-            {
-                "id": prefix + call.request_id,
-                "object": obj,
-                "created": call.created,
-                "model": call.model,
-                "choices": [choice],
-                "usage": _usage(call),
-            },
-            headers=headers,
-        )
+        return JSONResponse(choices.answer(), headers=headers)
 
     async def chat(request: Request) -> Response:
         return await generate(request, "chat")

@@ -14,6 +14,7 @@ import asyncio
 import logging
 
 from inferbus_common.lifecycle import service_main
+from inferbus_worker.llm.loopwatch import GcPauses
 from inferbus_worker.llm.settings import LlmWorkerSettings
 from inferbus_worker.llm.worker import LlmWorker
 
@@ -23,8 +24,9 @@ log = logging.getLogger("inferbus_worker.llm")
 async def serve(settings: LlmWorkerSettings, stop: asyncio.Event) -> int:
     """Serve until `stop` (SIGTERM or SIGINT: 0) or until the worker gives up (1), then drain."""
     worker = LlmWorker(settings, on_fatal=lambda _reason: stop.set())
-    async with worker:
-        await stop.wait()
+    with GcPauses():
+        async with worker:
+            await stop.wait()
     if worker.fatal:
         log.critical("llm worker exits with status 1: %s", worker.fatal)
         return 1

@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from inferbus_common.errors import InvalidArgument, Unavailable
-from inferbus_common.generation import GenerationRequest
+from inferbus_common.generation import GenerationRequest, TokenLogprob
 from inferbus_common.modelconfig import GenerationConfig, ModelConfig
 
 log = logging.getLogger(__name__)
 
 ENGINE_DIED = "the vLLM engine died; retry"
+LOGPROB_FLOOR = -9999.0
+"""What minus infinity becomes (JSON has no infinities; vLLM's server does the same)."""
 
 
 class EngineDead(Unavailable):
@@ -99,14 +101,17 @@ def engine_environment(config: ModelConfig, device: str) -> dict[str, str]:
 
 @dataclass(slots=True)
 class Step:
-    """What one engine step added to a request.
+    """What one engine step added to one completion of a request.
 
     Attributes:
         text: new text.
         tokens: new tokens.
-        finish_reason: None until the last step.
+        finish_reason: None until the step that ends this completion.
         prompt_tokens: tokens of the prompt.
         queue_s: time in the scheduler's queue (on the first step, when vLLM reports it).
+        index: which of the request's ``n`` completions this step extends.
+        logprobs: per new token, when the request asked for them.
+        done: the whole request finished (every completion) with this step.
     """
 
     text: str
@@ -114,6 +119,34 @@ class Step:
     finish_reason: str | None
     prompt_tokens: int
     queue_s: float | None = None
+    index: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    done: bool = False
+
+
+def _logprob(value: float) -> float:
+    # -inf and NaN do not survive JSON.
+    return value if value >= LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
+def token_logprobs(token_ids: Any, logprobs: Any, top: int) -> list[TokenLogprob]:
+    """`TokenLogprob`s from vLLM's per-token ``{token id: Logprob}`` maps.
+
+    vLLM returns the `top` likeliest tokens plus the sampled one (when it is not
+    among them); ``rank`` orders them (1 = likeliest).
+    """
+    out = []
+    for token_id, entry in zip(token_ids, logprobs, strict=False):
+        sampled = entry.get(token_id)
+        ranked = sorted(entry.values(), key=lambda lp: lp.rank if lp.rank is not None else 1 << 30)
+        out.append(
+            TokenLogprob(
+                token=(sampled.decoded_token or "") if sampled is not None else "",
+                logprob=_logprob(sampled.logprob) if sampled is not None else LOGPROB_FLOOR,
+                top=[(lp.decoded_token or "", _logprob(lp.logprob)) for lp in ranked[:top]],
+            )
+        )
+    return out
 
 
 @dataclass(slots=True)
@@ -250,7 +283,7 @@ class LlmEngine:
         """
         tok = self._tokenizer
         if request.kind == "chat":
-            messages = [m.model_dump() for m in request.messages]
+            messages = [m.model_dump(exclude_none=True) for m in request.messages]
             try:
                 ids = tok.apply_chat_template(
                     messages, add_generation_prompt=True, tokenize=True, return_dict=False
@@ -286,6 +319,41 @@ class LlmEngine:
             return request.max_tokens
         return max(1, min(self.gen.default_max_tokens, room))
 
+    def sampling_params(self, request: GenerationRequest, prompt_tokens: int) -> Any:
+        """vLLM's ``SamplingParams`` for a request (streamed as deltas).
+
+        ``response_format`` becomes vLLM's structured outputs (``json_object``, or
+        ``json`` with the schema); vLLM checks the schema when the request is added.
+        """
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        structured = None
+        fmt = request.response_format
+        if fmt is not None:
+            structured = (
+                StructuredOutputsParams(json_object=True)
+                if fmt.type == "json_object"
+                else StructuredOutputsParams(json=fmt.json_schema)
+            )
+        return SamplingParams(
+            n=request.n,
+            max_tokens=self.max_tokens(request, prompt_tokens),
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
+            stop=request.stop or None,
+            seed=request.seed,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            ignore_eos=request.ignore_eos,
+            logprobs=request.logprobs,
+            structured_outputs=structured,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
     async def generate(
         self, request_id: str, request: GenerationRequest, prompt_ids: list[int]
     ) -> AsyncGenerator[Step, None]:
@@ -297,30 +365,18 @@ class LlmEngine:
 
         Raises:
             EngineDead: the engine died before or while generating.
+            InvalidArgument: vLLM refused the sampling parameters.
         """
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        params = SamplingParams(
-            n=1,
-            max_tokens=self.max_tokens(request, len(prompt_ids)),
-            temperature=request.temperature,
-            top_p=request.top_p,
-            stop=request.stop or None,
-            seed=request.seed,
-            presence_penalty=request.presence_penalty,
-            frequency_penalty=request.frequency_penalty,
-            ignore_eos=request.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
-        )
         finished = False
         first = True
         try:
+            params = self.sampling_params(request, len(prompt_ids))
             async for out in self._llm.generate(
                 {"prompt_token_ids": prompt_ids}, params, request_id
             ):
-                completion = out.outputs[0]
                 queue_s = None
                 if first:
                     first = False
@@ -330,18 +386,38 @@ class LlmEngine:
                     if scheduled and queued:
                         queue_s = max(0.0, scheduled - queued)
                 finished = bool(out.finished)
-                yield Step(
-                    text=completion.text,
-                    tokens=len(completion.token_ids),
-                    finish_reason=(completion.finish_reason or "stop") if finished else None,
-                    prompt_tokens=len(prompt_ids),
-                    queue_s=queue_s,
-                )
+                # One output per completion that advanced (several only with n > 1);
+                # a completion's finish_reason comes with its last tokens.
+                outputs = out.outputs
+                for i, completion in enumerate(outputs):
+                    ended = completion.finish_reason is not None or (
+                        finished and i == len(outputs) - 1
+                    )
+                    yield Step(
+                        text=completion.text,
+                        tokens=len(completion.token_ids),
+                        finish_reason=(completion.finish_reason or "stop") if ended else None,
+                        prompt_tokens=len(prompt_ids),
+                        queue_s=queue_s if i == 0 else None,
+                        index=completion.index,
+                        logprobs=(
+                            token_logprobs(
+                                completion.token_ids, completion.logprobs, request.logprobs
+                            )
+                            if request.logprobs is not None and completion.logprobs is not None
+                            else None
+                        ),
+                        done=finished and i == len(outputs) - 1,
+                    )
         except Exception as exc:
             # vLLM raises EngineDeadError when the core died; other errors a dead
             # engine causes (closed sockets mid-teardown) mean the same thing.
             if isinstance(exc, EngineDeadError) or self.dead:
                 raise EngineDead() from None
+            if isinstance(exc, (VLLMClientError, ValueError)):
+                # vLLM refused the request's parameters (a schema it cannot
+                # compile, more logprobs than the model allows ...): the client's to fix.
+                raise InvalidArgument(f"vLLM refused the request: {exc}") from None
             raise
         finally:
             if not finished:

@@ -252,18 +252,22 @@ class VersionServer(QueueIntake, EngineSupervision):
                             metrics.GENERATED_TOKENS.labels(*self._labels).inc(step.tokens)
                         if step.queue_s is not None:
                             metrics.QUEUE_SECONDS.labels(*self._labels).observe(step.queue_s)
-                        chunk = GenerationChunk(text=step.text, tokens=step.tokens)
-                        final = step.finish_reason is not None
+                        chunk = GenerationChunk(
+                            text=step.text,
+                            tokens=step.tokens,
+                            index=step.index,
+                            logprobs=step.logprobs,
+                            finish_reason=step.finish_reason,  # type: ignore[arg-type]  # vLLM reasons (stop, length, abort) are FinishReason values
+                        )
+                        final = step.done
                         if final:
-                            # vLLM's reasons (stop, length, abort) are FinishReason's values.
-                            chunk.finish_reason = step.finish_reason  # type: ignore[assignment]
                             chunk.prompt_tokens = prompt_tokens
                             chunk.completion_tokens = completion
                             chunk.timings_ms = {
                                 "ttft": (first_at - t0) * 1000.0 if first_at else 0.0,
                                 "total": (now - t0) * 1000.0,
                             }
-                        if chunk.text or chunk.tokens or final:
+                        if chunk.text or chunk.tokens or chunk.finish_reason or final:
                             await self._publish(reply, seq, chunk.encode(), {}, final, rid)
                             seq += 1
                         # Neither vLLM's output queue (when a step is ready) nor a NATS

@@ -22,6 +22,7 @@ from inferbus_common.subjects import name_from_token
 from inferbus_worker.heartbeat import VersionKey
 from inferbus_worker.llm import metrics
 from inferbus_worker.llm.engine import EngineStats, LlmEngine, detect_device
+from inferbus_worker.llm.loopwatch import watch_loop
 from inferbus_worker.llm.settings import LlmWorkerSettings
 from inferbus_worker.llm.versionserver import VersionServer
 from inferbus_worker.versionhost import VersionHost
@@ -68,6 +69,7 @@ class LlmWorker(VersionHost[VersionServer]):
     async def _started(self, nc: Client) -> None:
         await nc.subscribe(self.subjects.gen_cancel_all, cb=self._on_cancel)
         self._own(self._gauge_loop(), "gauges")
+        self._own(watch_loop(), "loop-lag")
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, reason) for /readyz: also not ready after giving up or with a dead engine."""
