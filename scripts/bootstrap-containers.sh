@@ -8,7 +8,9 @@
 #   netavark,        container networks whose DNS lets compose services find
 #   aardvark-dns     each other by name
 #   debootstrap      builds the local Debian base image (scripts/base-image.sh)
-#   iptables         (a dependency) published ports
+#   iptables         netavark sets up every network (and published ports)
+#                    with it: without it `compose up` fails with "netavark: No
+#                    such file or directory"; --no-install-recommends leaves it out
 #
 # Idempotent: does nothing when everything is there. Needs root (or sudo). The
 # engine's configuration is not touched: the tests write their own (see
@@ -28,13 +30,13 @@ have() {
 
 missing=()
 for pair in podman:podman runc:runc netavark:netavark aardvark-dns:aardvark-dns \
-    debootstrap:debootstrap; do
+    debootstrap:debootstrap iptables:iptables; do
     tool="${pair%%:*}"
     package="${pair##*:}"
     have "$tool" || missing+=("$package")
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
-    log "podman $(podman --version | awk '{print $3}'), runc, netavark, aardvark-dns, debootstrap: present"
+    log "podman $(podman --version | awk '{print $3}'), runc, netavark, aardvark-dns, debootstrap, iptables: present"
     exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then

@@ -75,9 +75,14 @@ Handler = Callable[[InferCall], Awaitable[InferResponse]]
 
 
 class Step(Protocol):
-    """One cross-cutting job around answering a request."""
+    """One cross-cutting job around answering a request.
 
-    async def __call__(self, call: InferCall, next_step: Handler) -> InferResponse:
+    A step with nothing to do for a call may return ``next_step(call)``
+    itself instead of awaiting it in a coroutine of its own: one frame less
+    on every such request (`SharedMemory`, `Idempotency`).
+    """
+
+    def __call__(self, call: InferCall, next_step: Handler) -> Awaitable[InferResponse]:
         """Answer `call`, normally by awaiting ``next_step(call)`` once."""
         ...
 

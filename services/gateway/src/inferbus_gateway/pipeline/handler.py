@@ -64,6 +64,16 @@ class Readiness:
         self._catalog = catalog
         self._lazy = lazy
 
+    def ready_now(self, dv: DeployedVersion) -> bool:
+        """`dv` is ready and `wait` has nothing to do for it (no lazy version of
+        its route to hint): the request goes on without a coroutine of its own."""
+        if self._catalog.version_state(dv.model, dv.version) != "ready":
+            return False
+        if self._lazy is None:
+            return True
+        route = self._catalog.routes.get(dv.model)
+        return route is None or not (route.canary or route.shadow)
+
     async def wait(self, dv: DeployedVersion, timeout_s: float) -> float:
         """Wait until `dv` is ready (a lazy one: its load, at most `timeout_s`).
 
@@ -214,7 +224,8 @@ class InferHandler:
         dv = self.resolve(request.model, request.version)
         timeout_s = self._validate(call, dv)
         pin = self._pin(request, dv)
-        timeout_s = await self._readiness.wait(dv, timeout_s)
+        if not self._readiness.ready_now(dv):
+            timeout_s = await self._readiness.wait(dv, timeout_s)
         deadline_ns = h.deadline_from_timeout(timeout_s)
         t_sent = time.perf_counter()
         reply = await self.dispatch.send(call, dv, deadline_ns, pin)

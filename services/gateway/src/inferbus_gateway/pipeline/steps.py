@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from inferbus_common.audit import encode_record
@@ -315,13 +315,21 @@ class SharedMemory:
     def __init__(self, regions: SystemSharedMemory | None) -> None:
         self._regions = regions
 
-    async def __call__(self, call: InferCall, next_step: Handler) -> InferResponse:
+    def __call__(self, call: InferCall, next_step: Handler) -> Awaitable[InferResponse]:
         """Fill inputs that name a region, answer, place the outputs asked into regions.
+
+        A request that names no region goes straight on (no coroutine of this step's own).
 
         Raises:
             InvalidArgument: an unknown region, a span outside it, sizes that do
                 not fit, or no shared memory served by this gateway.
         """
+        request = call.request
+        if not (request.shm_inputs or request.shm_outputs):
+            return next_step(call)
+        return self._answer(call, next_step)
+
+    async def _answer(self, call: InferCall, next_step: Handler) -> InferResponse:
         request = call.request
         if request.shm_inputs:
             self._store().read_inputs(request, request.tenant)
@@ -346,8 +354,8 @@ class Idempotency:
     def __init__(self, cache: IdempotencyCache) -> None:
         self._cache = cache
 
-    async def __call__(self, call: InferCall, next_step: Handler) -> InferResponse:
+    def __call__(self, call: InferCall, next_step: Handler) -> Awaitable[InferResponse]:
         """Answer `call` once per id and inputs within the cache's window."""
         if not call.request.id:
-            return await next_step(call)  # nothing to join or replay (the cache's own rule)
-        return await self._cache.run(call.request, functools.partial(next_step, call))
+            return next_step(call)  # nothing to join or replay (the cache's own rule)
+        return self._cache.run(call.request, functools.partial(next_step, call))
