@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable
 
-from inferbus_common.catalog import Catalog, DeployedVersion
+from inferbus_common.catalog import Catalog, DeployedVersion, Route
 from inferbus_common.catalogrecords import is_rejected, not_ready_error
 from inferbus_common.errors import (
     FailedPrecondition,
@@ -207,6 +207,9 @@ class InferHandler:
         self._default_timeout_s = default_timeout_s
         self._checkers: dict[tuple[str, str], RequestChecker] = {}
         """Per (model, version): validation that skips layouts which passed before."""
+        self._targets: dict[tuple[str, str], tuple[Route, DeployedVersion, str | None]] = {}
+        """Per (model, pin): what `_target` found, for as long as the route and the
+        version's record are the catalog's current objects (a change replaces them)."""
 
     def resolve(self, model: str, version: str = "") -> DeployedVersion:
         """The deployed version a (model, version) names (`resolve_version`)."""
@@ -221,9 +224,10 @@ class InferHandler:
         request = call.request
         if len(request.id) > MAX_REQUEST_ID:
             raise InvalidArgument(f"request id is longer than {MAX_REQUEST_ID} characters")
-        dv = self.resolve(request.model, request.version)
+        dv, pin = self._target(request.model, request.version)
         timeout_s = self._validate(call, dv)
-        pin = self._pin(request, dv)
+        if pin is None:
+            pin = self._split_pin(request, dv)
         if not self._readiness.ready_now(dv):
             timeout_s = await self._readiness.wait(dv, timeout_s)
         deadline_ns = h.deadline_from_timeout(timeout_s)
@@ -272,26 +276,50 @@ class InferHandler:
             checker = self._checkers[key] = RequestChecker(dv.config)
         return checker
 
-    def _pin(self, request: InferRequest, dv: DeployedVersion) -> str:
-        """The version to send `request` to, or '' to leave the choice to the router.
+    def _target(self, model: str, version: str) -> tuple[DeployedVersion, str | None]:
+        """The version a request for (`model`, `version`) is validated against, and
+        the version to send it to (None: a stable/canary split, `_split_pin`).
 
-        `dv` is the version `resolve` named (the pinned one, else stable) and
-        `request` passed its config. A pin or a route without a canary taking
-        traffic decides here (`resolver.decide` without a draw), and the
-        concrete version goes with the request, so the router (or the
-        dispatcher's shortcut) runs exactly the version validated against.
-        Only a stable/canary split is the router's (it alone knows the
-        canary's health factor); then the request, already valid for stable,
-        must suit the canary too, else only stable can run it and it is
-        pinned there.
+        `resolve` names the version (the pinned one, else stable). A pin or a
+        route without a canary taking traffic decides here (`resolver.decide`
+        without a draw), and the concrete version goes with the request, so the
+        router (or the dispatcher's shortcut) runs exactly the version
+        validated against. Only a stable/canary split is the router's (it alone
+        knows the canary's health factor). Kept per (model, pin) while the
+        route and the version's record stay the catalog's current objects.
+
+        Raises:
+            InvalidArgument: no model name, or a version string no version can have.
+            NotFound: naming the model (and version) that does not exist.
         """
-        if request.version:
-            return dv.version  # a pin decides; `resolve` read it (a version number too)
+        key = (model, version)
+        route = self._catalog.routes.get(model)
+        hit = self._targets.get(key)
+        if (
+            hit is not None
+            and hit[0] is route
+            and self._catalog.versions.get((model, hit[1].version)) is hit[1]
+        ):
+            return hit[1], hit[2]
+        dv = self.resolve(model, version)
+        pin: str | None
+        if version:
+            pin = dv.version  # a pin decides; `resolve` read it (a version number too)
+        else:
+            decision = decide(route, model, version, draw=None)
+            pin = decision.version if decision.decided else None
+        if route is not None:
+            if len(self._targets) >= _MAX_CHECKERS:
+                self._targets.clear()
+            self._targets[key] = (route, dv, pin)
+        return dv, pin
+
+    def _split_pin(self, request: InferRequest, dv: DeployedVersion) -> str:
+        """On a stable/canary split: '' to leave the choice to the router, or
+        stable's version when the canary's config refuses the request (`dv`,
+        stable, accepted it: only stable can run it)."""
         route = self._catalog.routes.get(request.model)
-        decision = decide(route, request.model, request.version, draw=None)
-        if decision.decided:
-            return decision.version
-        assert route is not None  # decide raised NotFound otherwise
+        assert route is not None  # a split needs a route
         canary = self._catalog.versions.get((request.model, route.canary))
         if canary is None:
             return ""  # no record: the router sends it nothing (no worker has it ready)
