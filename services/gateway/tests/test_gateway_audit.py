@@ -49,8 +49,8 @@ async def test_records_of_a_model_go_out_together_after_the_delay(nats_client: C
     messages = _counter("inferbus_gateway_audit_messages_total")
     t0 = time.monotonic()
     for i in range(5):
-        await batches.add("fraud", _record("fraud", f"f{i}"))
-    await batches.add("heavy", _record("heavy", "h0"))
+        batches.add("fraud", _record("fraud", f"f{i}"))
+    batches.add("heavy", _record("heavy", "h0"))
     first = [await _next(got), await _next(got)]
     waited = time.monotonic() - t0
     assert sorted(first) == [
@@ -60,7 +60,7 @@ async def test_records_of_a_model_go_out_together_after_the_delay(nats_client: C
     assert 0.04 <= waited < 1.5, waited
     assert _counter("inferbus_gateway_audit_messages_total") - messages == 2
     # The next record starts a new batch (and a new timer).
-    await batches.add("fraud", _record("fraud", "f5"))
+    batches.add("fraud", _record("fraud", "f5"))
     assert await _next(got) == (SUBJECTS.audit("fraud"), ["f5"])
     await batches.close()
     assert got.empty()
@@ -70,20 +70,20 @@ async def test_a_full_batch_goes_at_once(nats_client: Client) -> None:
     got = await _listen(nats_client)
     batches = AuditBatches(nats_client, SUBJECTS, max_delay_s=60.0, max_records=3)
     for i in range(7):
-        await batches.add("fraud", _record("fraud", f"r{i}"))
+        batches.add("fraud", _record("fraud", f"r{i}"))
     assert (await _next(got))[1] == ["r0", "r1", "r2"]
     assert (await _next(got))[1] == ["r3", "r4", "r5"]
     assert got.empty()
     # A byte bound too: two records over 300 bytes go as soon as they pass it.
     by_size = AuditBatches(nats_client, SUBJECTS, max_delay_s=60.0, max_bytes=300)
-    await by_size.add("heavy", _record("heavy", "s0"))
-    await by_size.add("heavy", _record("heavy", "s1"))
+    by_size.add("heavy", _record("heavy", "s0"))
+    by_size.add("heavy", _record("heavy", "s1"))
     assert await _next(got) == (SUBJECTS.audit("heavy"), ["s0", "s1"])
     # What waits when the gateway drains is sent, not lost.
     await batches.close()
     assert (await _next(got))[1] == ["r6"]
     # After close each record goes alone, at once.
-    await batches.add("fraud", _record("fraud", "late"))
+    batches.add("fraud", _record("fraud", "late"))
     assert (await _next(got))[1] == ["late"]
     await by_size.close()
 
@@ -92,7 +92,7 @@ async def test_no_delay_sends_every_record_alone(nats_client: Client) -> None:
     got = await _listen(nats_client)
     batches = AuditBatches(nats_client, SUBJECTS, max_delay_s=0.0)
     for i in range(3):
-        await batches.add("fraud", _record("fraud", f"r{i}"))
+        batches.add("fraud", _record("fraud", f"r{i}"))
     assert [await _next(got) for _ in range(3)] == [
         (SUBJECTS.audit("fraud"), [f"r{i}"]) for i in range(3)
     ]
@@ -101,8 +101,8 @@ async def test_no_delay_sends_every_record_alone(nats_client: Client) -> None:
 async def test_a_failed_publish_counts_every_record_and_raises_nothing(nats_server) -> None:
     nc = await nats.connect(nats_server.url)
     batches = AuditBatches(nc, SUBJECTS, max_delay_s=60.0)
-    await batches.add("fraud", _record("fraud", "a"))
-    await batches.add("fraud", _record("fraud", "b"))
+    batches.add("fraud", _record("fraud", "a"))
+    batches.add("fraud", _record("fraud", "b"))
     await nc.close()
     dropped = _counter("inferbus_gateway_audit_dropped_total")
     await batches.close()

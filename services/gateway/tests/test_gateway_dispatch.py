@@ -171,6 +171,23 @@ async def test_direct_dispatch_skips_the_router_when_it_has_nothing_to_do(nats_c
         await batcher.stop()
 
 
+async def test_the_subject_follows_the_route_object_it_was_found_for(nats_client, dispatchers):
+    """The subject is kept per (model, pin) only while the route is the same object:
+    a new route (the catalog replaces it on every change) is looked at again."""
+    router = await FakeBatcher(nats_client, SUBJECTS.route("fraud")).start()
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    direct = await dispatchers("gw-kept", direct=True)
+    try:
+        plain = Route(model="fraud", stable="3")
+        canary = Route(model="fraud", stable="3", canary="4", canary_weight=20)
+        for route in (plain, plain, canary, canary, Route(model="fraud", stable="3")):
+            await _call(direct, route)
+        assert (len(batcher.seen), len(router.seen)) == (3, 2)
+    finally:
+        await router.stop()
+        await batcher.stop()
+
+
 async def test_direct_dispatch_without_batchers_is_unavailable_at_once(dispatchers):
     direct = await dispatchers("gw-none", direct=True, bundle_window_s=30.0)
     # nats-server's no-responders answer, not the deadline (DeadlineExceeded).

@@ -94,6 +94,10 @@ CPU_BUSY = Gauge(
 )
 
 
+_MAX_SUBJECTS = 1024
+"""(model, pinned version) pairs whose subject is kept (beyond it they start over)."""
+
+
 def plain_version(route: Route | None, pinned: str) -> str:
     """The version the gateway may publish a request to itself, skipping the router; ''
     when the router has something to do.
@@ -241,6 +245,9 @@ class Dispatcher:
         self._open: dict[str, _Bundle] = {}
         self._sends: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
+        self._subject_of: dict[tuple[str, str], tuple[Route | None, str, str]] = {}
+        """Per (model, pinned version): (route, subject, version) as `_subject` found
+        them, for as long as the route is the catalog's current object."""
 
     @property
     def load(self) -> CpuLoad | None:
@@ -364,13 +371,11 @@ class Dispatcher:
             Unavailable: nobody serves the model's subject right now.
         """
         model = envelope.model
-        subject = version = ""
-        if self._direct:
-            version = plain_version(route, envelope.version)
-            if version:
-                subject = self._subjects.infer(model, version)
-        if not subject:
-            subject = self._subjects.route(model)
+        hit = self._subject_of.get((model, envelope.version))
+        if hit is not None and hit[0] is route:
+            subject, version = hit[1], hit[2]
+        else:
+            subject, version = self._subject(model, envelope.version, route)
         loop = asyncio.get_running_loop()
         parts = tensor_frame_parts(tensors)
         size = parts_size(parts)
@@ -413,6 +418,19 @@ class Dispatcher:
             if timer is not None:
                 timer.cancel()
             self._done(call)
+
+    def _subject(self, model: str, pinned: str, route: Route | None) -> tuple[str, str]:
+        """The subject a request for (`model`, `pinned`) goes to, and the version when
+        it skips the router ('' when it goes through it); kept per (model, pinned)
+        while `route` is the catalog's current route object (a change replaces it)."""
+        version = plain_version(route, pinned) if self._direct else ""
+        subject = self._subjects.infer(model, version) if version else ""
+        if not subject:
+            subject = self._subjects.route(model)
+        if len(self._subject_of) >= _MAX_SUBJECTS:
+            self._subject_of.clear()
+        self._subject_of[(model, pinned)] = (route, subject, version)
+        return subject, version
 
     def _enqueue(
         self,

@@ -83,10 +83,14 @@ class AuditBatches:
         self._sending: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    async def add(self, model: str, record: bytes) -> None:
-        """Queue one encoded record (`inferbus_common.audit.encode_record`); never raises."""
+    def add(self, model: str, record: bytes) -> None:
+        """Queue one encoded record (`inferbus_common.audit.encode_record`); never raises.
+
+        No coroutine of its own (every request's path): a batch that is due is
+        sent by a task of its own (`close` waits for those).
+        """
         if self.max_delay_s <= 0 or self._closed:
-            await self._send(model, [record])
+            self._spawn(model, [record])
             return
         pending = self._pending.get(model)
         if pending is None:
@@ -94,7 +98,7 @@ class AuditBatches:
         pending.records.append(record)
         pending.bytes += len(record) + 1
         if len(pending.records) >= self._max_records or pending.bytes >= self._max_bytes:
-            await self._send(model, self._take(model))
+            self._spawn(model, self._take(model))
         elif pending.timer is None:
             pending.timer = asyncio.get_running_loop().call_later(
                 self.max_delay_s, self._on_timer, model
@@ -111,7 +115,10 @@ class AuditBatches:
         if pending is None:
             return
         pending.timer = None
-        task = asyncio.create_task(self._send(model, self._take(model)))
+        self._spawn(model, self._take(model))
+
+    def _spawn(self, model: str, records: list[bytes]) -> None:
+        task = asyncio.create_task(self._send(model, records))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 

@@ -102,17 +102,17 @@ class AuditTrail:
             response = await next_step(call)
         except InferbusError as exc:
             reason = exc.reason if isinstance(exc, ResourceExhausted) else ""
-            await self._record(call, exc.code.name, reason)
+            self._record(call, exc.code.name, reason)
             raise
         if response.degraded:
-            await self._record(call, "DEGRADED", response.degraded)
+            self._record(call, "DEGRADED", response.degraded)
         else:
             call.version, call.digest = response.version, response.digest
             call.timings_ms = response.timings_ms
-            await self._record(call, "OK", "")
+            self._record(call, "OK", "")
         return response
 
-    async def _record(self, call: InferCall, status: str, reason: str) -> None:
+    def _record(self, call: InferCall, status: str, reason: str) -> None:
         request = call.request
         data = encode_record(
             request_id=call.request_id,
@@ -128,7 +128,7 @@ class AuditTrail:
             latency_ms=(time.perf_counter() - call.t0) * 1000.0,
             stages_ms=call.timings_ms,
         )
-        await self._batches.add(request.model, data)
+        self._batches.add(request.model, data)
 
     async def close(self) -> None:
         """Publish the records still collected (call before the NATS connection drains)."""
