@@ -48,7 +48,7 @@ if [[ "${INFERBUS_SKIP_CHECKS:-0}" != "1" ]]; then
     uv run --frozen ruff check . || failed+=("ruff check (fix: uv run ruff check --fix .)")
     echo "[test] ruff format --check" >&2
     uv run --frozen ruff format --check . || failed+=("ruff format (fix: uv run ruff format .)")
-    echo "[test] mypy (production code; strict on libs/common, libs/client)" >&2
+    echo "[test] mypy (production code; strict on libs/common, libs/client, libs/testing)" >&2
     start=$SECONDS
     uv run --frozen mypy || failed+=("mypy (run: uv run mypy)")
     echo "[test] mypy took $((SECONDS - start)) s" >&2

@@ -48,7 +48,8 @@ class _Reference:
         )
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self._session.run(None, {INPUT: x})[0]
+        out: np.ndarray = self._session.run(None, {INPUT: x})[0]
+        return out
 
 
 class ClosedLoad:

@@ -94,9 +94,10 @@ def _get_json(port: int, path: str, timeout: float = 1.0) -> dict[str, Any] | No
 
     try:
         with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=timeout) as resp:
-            return json.loads(resp.read())
+            body = json.loads(resp.read())
     except (OSError, urllib.error.URLError, ValueError):
         return None
+    return body if isinstance(body, dict) else None
 
 
 class _ChildProcess:

@@ -263,7 +263,7 @@ class NatsCluster:
         names the same one and it sees every other running node current; else ``""``."""
         running = [n for n in self.nodes if n.running]
         views = [_get_json(n.monitor_port, "/jsz") for n in running]
-        leaders = {(v or {}).get("meta_cluster", {}).get("leader", "") for v in views}
+        leaders = {str((v or {}).get("meta_cluster", {}).get("leader", "")) for v in views}
         if len(leaders) != 1 or "" in leaders:
             return ""
         leader = leaders.pop()
