@@ -36,21 +36,15 @@ from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.tensors import encode_tensors
 from inferbus_common.subjects import Subjects
+from inferbus_gateway.__main__ import build_pipeline
 from inferbus_gateway.dispatch.dispatcher import Reply
-from inferbus_gateway.dispatch.idempotency import IdempotencyCache
 from inferbus_gateway.grpc_api.servicer import GRPCInferenceServicer
-from inferbus_gateway.observation.auditbatch import AuditBatches
 from inferbus_gateway.pipeline import (
-    AuditTrail,
     Dispatch,
-    Fallback,
-    Idempotency,
     InferHandler,
-    RequestMetrics,
-    SharedMemory,
-    Step,
 )
 from inferbus_gateway.service import InferenceService
+from inferbus_gateway.settings import GatewaySettings
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 
 CONFIG = ModelConfig(
@@ -136,18 +130,21 @@ async def run(calls: int, access_log: bool, audit: bool, profile: bool) -> float
         default_timeout_s=30.0,
     )
     client = DroppingClient()
-    # The steps `__main__.build_pipeline` assembles without admission, observers
+    # The steps `__main__.build_pipeline` assembles, without admission, observers
     # or shared memory.
-    steps: list[Step] = []
-    if audit:
-        batches = AuditBatches(client, Subjects("ib"), max_delay_s=0.02)  # type: ignore[arg-type]
-        steps.append(AuditTrail(batches, "gw-bench"))
-    steps += [
-        RequestMetrics(),
-        Fallback(handler),
-        SharedMemory(None),
-        Idempotency(IdempotencyCache(30.0)),
-    ]
+    settings = GatewaySettings(  # type: ignore[call-arg]
+        _env_file=None, audit_enabled=audit, audit_batch_ms=20.0, idempotency_window_s=30.0
+    )
+    steps = build_pipeline(
+        settings,
+        handler,
+        nc=client,  # type: ignore[arg-type]
+        subjects=Subjects("ib"),
+        instance="gw-bench",
+        admission=None,
+        observers=[],
+        shared_memory=None,
+    )
     service = InferenceService(
         client,  # type: ignore[arg-type]
         catalog,  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from inferbus_common.codec import Tensor, tensor_from_numpy
 from inferbus_common.errors import (
     DeadlineExceeded,
     FailedPrecondition,
+    InferbusError,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -54,6 +55,7 @@ from inferbus_gateway.pipeline import (
     InferCall,
     InferHandler,
     Observers,
+    Outcomes,
     Readiness,
     RequestMetrics,
     SharedMemory,
@@ -449,6 +451,34 @@ async def test_audit_trail_records_every_outcome(nats_client: Client) -> None:
     assert all(r.gateway == "gw-a" and r.model == "fraud" for r in records)
 
 
+async def test_outcomes_show_each_outcome_to_every_recorder_in_order() -> None:
+    seen: list[tuple[str, str, str]] = []
+
+    class Keep:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def failed(self, call: InferCall, exc: InferbusError) -> None:
+            seen.append((self.name, call.request.id, exc.code.name))
+
+        def answered(self, call: InferCall, response: InferResponse) -> None:
+            seen.append((self.name, call.request.id, response.degraded or "OK"))
+
+    step = Outcomes([Keep("a"), Keep("b")])
+    await step(InferCall.start(_request(rid="ok"), "grpc"), _returns(_answer("1")))
+    await step(InferCall.start(_request(rid="dg"), "grpc"), _returns(_answer("2", "deadline")))
+    with pytest.raises(Unavailable):
+        await step(InferCall.start(_request(rid="un"), "grpc"), _raises(Unavailable("x")))
+    assert seen == [
+        ("a", "ok", "OK"),
+        ("b", "ok", "OK"),
+        ("a", "dg", "deadline"),
+        ("b", "dg", "deadline"),
+        ("a", "un", "UNAVAILABLE"),
+        ("b", "un", "UNAVAILABLE"),
+    ]
+
+
 async def test_observers_see_model_answers_and_never_fail_them() -> None:
     seen: list[str] = []
 
@@ -483,15 +513,16 @@ async def test_build_pipeline_orders_the_steps_and_leaves_out_those_turned_off(
             shared_memory=None,
         )
     assert [type(s) for s in full] == [
-        AuditTrail,
-        RequestMetrics,
+        Outcomes,
         Observers,
         Fallback,
         Admit,
         SharedMemory,
         Idempotency,
     ]
-    await full[0].close()  # type: ignore[attr-defined]
+    assert isinstance(full[0], Outcomes)
+    assert [type(r) for r in full[0].recorders] == [AuditTrail, RequestMetrics]
+    await full[0].close()
     off = GatewaySettings(  # type: ignore[call-arg]
         _env_file=None, audit_enabled=False, idempotency_window_s=0
     )
@@ -505,4 +536,6 @@ async def test_build_pipeline_orders_the_steps_and_leaves_out_those_turned_off(
         observers=[],
         shared_memory=None,
     )
-    assert [type(s) for s in bare] == [RequestMetrics, Fallback, SharedMemory]
+    assert [type(s) for s in bare] == [Outcomes, Fallback, SharedMemory]
+    assert isinstance(bare[0], Outcomes)
+    assert [type(r) for r in bare[0].recorders] == [RequestMetrics]

@@ -39,7 +39,9 @@ from inferbus_gateway.pipeline import (
     Idempotency,
     InferHandler,
     Observers,
+    Outcomes,
     Readiness,
+    Recorder,
     RequestMetrics,
     SharedMemory,
     Step,
@@ -234,7 +236,7 @@ def build_pipeline(
 ) -> list[Step]:
     """The steps around `handler`, in the order a ModelInfer meets them.
 
-    Audit and metrics are outermost, so they see every outcome, fallback
+    Audit and metrics (`Outcomes`) are outermost, so they see every outcome, fallback
     answers included; observers see only the model's own answers; the fallback
     covers admission's refusals for load and the model's failures; admission
     comes before any work (shared memory, idempotency) is spent on a request;
@@ -251,11 +253,12 @@ def build_pipeline(
         observers: see each request its model answered (payload capture, drift).
         shared_memory: the system shared-memory regions (None: refused).
     """
-    steps: list[Step] = []
+    recorders: list[Recorder] = []
     if settings.audit_enabled:
         batches = AuditBatches(nc, subjects, max_delay_s=settings.audit_batch_ms / 1000.0)
-        steps.append(AuditTrail(batches, instance))
-    steps.append(RequestMetrics())
+        recorders.append(AuditTrail(batches, instance))
+    recorders.append(RequestMetrics())
+    steps: list[Step] = [Outcomes(recorders)]
     if observers:
         steps.append(Observers(observers))
     steps.append(Fallback(handler))

@@ -7,7 +7,7 @@ reads resolve → validate → dispatch → decode.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from nats.aio.client import Client
@@ -252,9 +252,9 @@ class InferenceService:
             principal = await self._admission.authenticator.authenticate(headers)
             await self._admission.authenticator.authorize(principal, model)
 
-    async def infer(
+    def infer(
         self, request: InferRequest, protocol: str, headers: Mapping[str, str] | None = None
-    ) -> InferResponse:
+    ) -> Awaitable[InferResponse]:
         """Admit, validate, send into the platform and wait for the answer.
 
         The request goes through the steps (`inferbus_gateway.pipeline.steps`)
@@ -263,10 +263,13 @@ class InferenceService:
         has a fallback (fixed outputs or a backup model), it answers instead,
         marked `degraded`.
 
+        Returns the pipeline's own awaitable (no coroutine of its own: this is on
+        every request's path).
+
         Raises:
-            InferbusError: with the status the client should see.
+            InferbusError: with the status the client should see (when awaited).
         """
-        return await self._pipeline(InferCall.start(request, protocol, headers))
+        return self._pipeline(InferCall.start(request, protocol, headers))
 
     async def close(self) -> None:
         """Finish what the steps hold: publish the audit records still collected

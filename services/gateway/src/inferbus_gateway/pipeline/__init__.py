@@ -13,6 +13,8 @@ from inferbus_gateway.pipeline.steps import (
     Fallback,
     Idempotency,
     Observers,
+    Outcomes,
+    Recorder,
     RequestMetrics,
     SharedMemory,
 )
@@ -28,7 +30,9 @@ __all__ = [
     "InferCall",
     "InferHandler",
     "Observers",
+    "Outcomes",
     "Readiness",
+    "Recorder",
     "RequestMetrics",
     "SharedMemory",
     "Step",

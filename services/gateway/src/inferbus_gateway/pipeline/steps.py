@@ -2,9 +2,10 @@
 
 `__main__.build_pipeline` lists them in the order a request meets them:
 
-1. `AuditTrail`: one audit record per request, whatever its outcome.
-2. `RequestMetrics`: ``inferbus_gateway_requests_total`` by status and the
-   latency of answered requests.
+1. `Outcomes`, with its recorders `AuditTrail` (one audit record per
+   request, whatever its outcome) and `RequestMetrics`
+   (``inferbus_gateway_requests_total`` by status and the latency of answered
+   requests); each recorder is a step of its own too.
 3. `Observers`: payload capture and drift see each request its model answered.
 4. `Fallback`: a load or availability failure answered by the model's
    fallback (fixed outputs or a backup model), marked degraded.
@@ -23,7 +24,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from inferbus_common.audit import encode_record
 from inferbus_common.errors import (
@@ -38,7 +39,7 @@ from inferbus_gateway.admission import Admission, BreakerOpen, fallback_outputs
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.dispatch.idempotency import IdempotencyCache
 from inferbus_gateway.observation.auditbatch import AuditBatches
-from inferbus_gateway.pipeline.call import Handler, InferCall
+from inferbus_gateway.pipeline.call import Closable, Handler, InferCall
 from inferbus_gateway.pipeline.handler import InferHandler
 from inferbus_gateway.triton.sharedmemory import SystemSharedMemory
 
@@ -101,16 +102,23 @@ class AuditTrail:
         try:
             response = await next_step(call)
         except InferbusError as exc:
-            reason = exc.reason if isinstance(exc, ResourceExhausted) else ""
-            self._record(call, exc.code.name, reason)
+            self.failed(call, exc)
             raise
+        self.answered(call, response)
+        return response
+
+    def failed(self, call: InferCall, exc: InferbusError) -> None:
+        """Record a request that ended with `exc`."""
+        self._record(call, exc.code.name, exc.reason if isinstance(exc, ResourceExhausted) else "")
+
+    def answered(self, call: InferCall, response: InferResponse) -> None:
+        """Record an answered request (DEGRADED for a fallback answer)."""
         if response.degraded:
             self._record(call, "DEGRADED", response.degraded)
         else:
             call.version, call.digest = response.version, response.digest
             call.timings_ms = response.timings_ms
             self._record(call, "OK", "")
-        return response
 
     def _record(self, call: InferCall, status: str, reason: str) -> None:
         request = call.request
@@ -143,19 +151,27 @@ class RequestMetrics:
 
     async def __call__(self, call: InferCall, next_step: Handler) -> InferResponse:
         """Answer `call` and count it (an error under its status, a fallback as DEGRADED)."""
-        model = call.request.model
         try:
             response = await next_step(call)
         except InferbusError as exc:
-            REQUESTS.labels(model, call.version, call.protocol, exc.code.name).inc()
+            self.failed(call, exc)
             raise
+        self.answered(call, response)
+        return response
+
+    def failed(self, call: InferCall, exc: InferbusError) -> None:
+        """Count a request that ended with `exc` under its status."""
+        REQUESTS.labels(call.request.model, call.version, call.protocol, exc.code.name).inc()
+
+    def answered(self, call: InferCall, response: InferResponse) -> None:
+        """Count an answered request (DEGRADED for a fallback answer) and time it."""
+        model = call.request.model
         if response.degraded:
             REQUESTS.labels(model, response.version, call.protocol, "DEGRADED").inc()
         else:
             answered, latency = self._answered_metrics(model, response.version, call.protocol)
             answered.inc()
             latency.observe(time.perf_counter() - call.t0)
-        return response
 
     def _answered_metrics(self, model: str, version: str, protocol: str) -> tuple[Any, Any]:
         """`REQUESTS` (status OK) and `LATENCY` children of a model version, made once.
@@ -172,6 +188,49 @@ class RequestMetrics:
                 LATENCY.labels(model, protocol),
             )
         return children
+
+
+class Recorder(Protocol):
+    """Sees every request's outcome, never fails it (`AuditTrail`, `RequestMetrics`)."""
+
+    def failed(self, call: InferCall, exc: InferbusError) -> None:
+        """A request that ended with `exc`."""
+        ...
+
+    def answered(self, call: InferCall, response: InferResponse) -> None:
+        """A request answered (by its model, or by a fallback: ``degraded``)."""
+        ...
+
+
+class Outcomes:
+    """Hands every request's outcome to recorders, in one layer: each recorder is a
+    step of its own as well, but as recorders of one `Outcomes` a request crosses
+    one frame for all of them, not one each (`build_pipeline`).
+
+    Args:
+        recorders: see each outcome, in this order.
+    """
+
+    def __init__(self, recorders: Sequence[Recorder]) -> None:
+        self.recorders = tuple(recorders)
+
+    async def __call__(self, call: InferCall, next_step: Handler) -> InferResponse:
+        """Answer `call` and show its outcome to every recorder."""
+        try:
+            response = await next_step(call)
+        except InferbusError as exc:
+            for recorder in self.recorders:
+                recorder.failed(call, exc)
+            raise
+        for recorder in self.recorders:
+            recorder.answered(call, response)
+        return response
+
+    async def close(self) -> None:
+        """Finish what the recorders hold (the audit records still collected)."""
+        for recorder in self.recorders:
+            if isinstance(recorder, Closable):
+                await recorder.close()
 
 
 class Observers:
