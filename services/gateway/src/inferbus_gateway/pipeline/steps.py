@@ -82,7 +82,30 @@ Observer = Callable[[InferRequest, InferResponse], None]
 """Sees a request and the answer its model gave (payload capture, drift)."""
 
 
-class AuditTrail:
+class RecorderStep:
+    """A recorder (`failed` / `answered`) that is also a step of its own: it answers
+    the call through the next step and records the outcome."""
+
+    async def __call__(self, call: InferCall, next_step: Handler) -> InferResponse:
+        """Answer `call` and record its outcome."""
+        try:
+            response = await next_step(call)
+        except InferbusError as exc:
+            self.failed(call, exc)
+            raise
+        self.answered(call, response)
+        return response
+
+    def failed(self, call: InferCall, exc: InferbusError) -> None:
+        """Record a request that ended with `exc`."""
+        raise NotImplementedError
+
+    def answered(self, call: InferCall, response: InferResponse) -> None:
+        """Record an answered request (by its model, or by a fallback: ``degraded``)."""
+        raise NotImplementedError
+
+
+class AuditTrail(RecorderStep):
     """Queues one audit record per request (`AuditBatches`); never fails the request.
 
     No round trip: records are published in batches, a few ms later. A request
@@ -96,16 +119,6 @@ class AuditTrail:
     def __init__(self, batches: AuditBatches, instance: str) -> None:
         self._batches = batches
         self._instance = instance
-
-    async def __call__(self, call: InferCall, next_step: Handler) -> InferResponse:
-        """Answer `call` and record its outcome: OK, DEGRADED or the error's status."""
-        try:
-            response = await next_step(call)
-        except InferbusError as exc:
-            self.failed(call, exc)
-            raise
-        self.answered(call, response)
-        return response
 
     def failed(self, call: InferCall, exc: InferbusError) -> None:
         """Record a request that ended with `exc`."""
@@ -143,21 +156,11 @@ class AuditTrail:
         await self._batches.close()
 
 
-class RequestMetrics:
+class RequestMetrics(RecorderStep):
     """Counts every request by model, version, protocol and status; times answered ones."""
 
     def __init__(self) -> None:
         self._answered: dict[tuple[str, str, str], tuple[Any, Any]] = {}
-
-    async def __call__(self, call: InferCall, next_step: Handler) -> InferResponse:
-        """Answer `call` and count it (an error under its status, a fallback as DEGRADED)."""
-        try:
-            response = await next_step(call)
-        except InferbusError as exc:
-            self.failed(call, exc)
-            raise
-        self.answered(call, response)
-        return response
 
     def failed(self, call: InferCall, exc: InferbusError) -> None:
         """Count a request that ended with `exc` under its status."""
