@@ -48,10 +48,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def set_session_nice(pid: int, nice: int) -> None:
+    """Set the autogroup niceness of `pid`'s session (Linux groups processes by session)."""
+    path = Path(f"/proc/{pid}/autogroup")
+    if path.exists():
+        path.write_text(str(nice))
+
+
 def _nice(n: int) -> Any:
+    # As the LLM worker does for itself (`inferbus_worker.llm.priority`): the
+    # process and, as the leader of its new session, the session's autogroup.
     def pre() -> None:
         if n:
             os.nice(n)
+            set_session_nice(os.getpid(), n)
 
     return pre
 
@@ -191,10 +201,12 @@ ENGINE_SERIES = (
     "vllm:time_to_first_token_seconds",
     "vllm:request_queue_time_seconds",
     "inferbus_llm_event_loop_lag_seconds",
+    "inferbus_llm_time_to_first_token_seconds",
+    "inferbus_gateway_gen_time_to_first_token_seconds",
 )
 
 
-def engine_sums(metrics_url: str) -> dict[str, float]:
+def engine_sums(metrics_urls: list[str]) -> dict[str, float]:
     """Sums and counts of vLLM's own TTFT and queue-time histograms (and, in the
     LLM worker, its event-loop lag) from a /metrics page: the engine's side of a run.
 
@@ -202,7 +214,7 @@ def engine_sums(metrics_url: str) -> dict[str, float]:
     to the first token's output, so the difference between the client's TTFT and
     this is what the serving path around the engine adds.
     """
-    text = httpx.get(metrics_url, timeout=10).text
+    text = "\n".join(httpx.get(url, timeout=10).text for url in metrics_urls)
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("#") or " " not in line:
@@ -231,6 +243,11 @@ def engine_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
         "engine_ttft_mean_ms": mean_ms("vllm:time_to_first_token_seconds"),
         "engine_queue_mean_ms": mean_ms("vllm:request_queue_time_seconds"),
     }
+    if "inferbus_gateway_gen_time_to_first_token_seconds_count" in after:
+        # The worker's (request received → first step) and the gateway's (request
+        # received → first chunk in) TTFT: where on the path the first token waits.
+        out["worker_ttft_mean_ms"] = mean_ms("inferbus_llm_time_to_first_token_seconds")
+        out["gateway_ttft_mean_ms"] = mean_ms("inferbus_gateway_gen_time_to_first_token_seconds")
     if lag + "_count" in after:
         samples = after[lag + "_count"] - before.get(lag + "_count", 0.0)
         over = samples - (after.get("lag_le_20ms", 0.0) - before.get("lag_le_20ms", 0.0))
@@ -249,7 +266,14 @@ def scenario_label(scenario: str, args: argparse.Namespace) -> str:
 
 
 def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    """Markdown: per backend and scenario, both arms (medians over rounds) and the ratios."""
+    """Markdown: per backend and scenario, both arms (medians over rounds) and the ratios.
+
+    The reference arm is vLLM's server, or with ``--ab-session-nice`` the first arm.
+    """
+    names = list(dict.fromkeys(r["arm"] for r in rows))
+    if "vllm" in names:
+        names = ["vllm", *[n for n in names if n != "vllm"]]
+    ref = "vLLM's" if names and names[0] == "vllm" else (names[0] if names else "")
     out = [
         "| backend | scenario | arm | TTFT p50 ms | TTFT p99 ms | output tok/s | ITL p50 ms "
         "| served |",
@@ -259,7 +283,7 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     for backend in args.backends:
         for scenario in SCENARIOS:
             arms: dict[str, dict[str, float]] = {}
-            for arm in ("vllm", "inferbus"):
+            for arm in names:
                 runs = [
                     r
                     for r in rows
@@ -281,7 +305,7 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
                     f"| {med['completed']:.0f}/{med['total']:.0f} |"
                 )
             if len(arms) == 2:
-                v, i = arms["vllm"], arms["inferbus"]
+                v, i = (arms[n] for n in names)
                 itl = (
                     f"{i['itl_p50_ms'] / v['itl_p50_ms']:.2f}"
                     if v["itl_p50_ms"] >= 0.05
@@ -297,9 +321,9 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
                 )
     out += [
         "",
-        "| backend | scenario | TTFT p50 − vLLM's (target ≤ +15 ms) | TTFT p99 ÷ vLLM's "
-        "(≤ 1.5) | output tok/s ÷ vLLM's (≥ 0.95) | ITL p50 ÷ vLLM's (0.8–1.2) "
-        "| inferbus served |",
+        f"| backend | scenario | TTFT p50 − {ref} (target ≤ +15 ms) | TTFT p99 ÷ {ref} "
+        f"(≤ 1.5) | output tok/s ÷ {ref} (≥ 0.95) | ITL p50 ÷ {ref} (0.8–1.2) "
+        f"| {names[-1] if names else ''} served |",
         "|---|---|---|---|---|---|---|",
         *checks,
     ]
@@ -309,20 +333,27 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
 def run_all(
     args: argparse.Namespace,
     urls: dict[str, str],
-    metrics: dict[str, str],
+    metrics: dict[str, list[str]],
     hf_dir: Path,
     base: Path,
     out_path: Path,
     rows: list[dict[str, Any]],
 ) -> None:
-    """Every round, backend and scenario against both arms, alternating which goes first."""
+    """Every round, backend and scenario against both arms, alternating which goes first.
+
+    With ``--ab-session-nice A B`` the arms are the inferbus stack with its LLM
+    worker's session at autogroup niceness A and B, switched before each run.
+    """
+    arms = list(urls)
     k = 0
     for rnd in range(args.rounds):
         for backend in args.backends:
             for scenario in args.scenarios:
-                order = ["inferbus", "vllm"] if k % 2 == 0 else ["vllm", "inferbus"]
+                order = arms if k % 2 == 0 else arms[::-1]
                 k += 1
                 for arm in order:
+                    if args.ab_session_nice:
+                        set_session_nice(args.worker_pid, int(arm.rsplit("-", 1)[1]))
                     cmd = bench_command(urls[arm], backend, hf_dir, args, scenario)
                     load = os.getloadavg()[0]
                     e0 = engine_sums(metrics[arm])
@@ -349,7 +380,9 @@ def run_all(
                         f"{row['completed']}/{row['total']} (load {load:.1f}); engine ttft "
                         f"mean {row['engine_ttft_mean_ms']:.1f} ms, queue "
                         f"{row['engine_queue_mean_ms']:.1f} ms, worker loop lag "
-                        f"{row.get('worker_loop_lag_mean_ms', '-')} ms",
+                        f"{row.get('worker_loop_lag_mean_ms', '-')} ms; worker ttft "
+                        f"{row.get('worker_ttft_mean_ms', '-')}, gateway ttft "
+                        f"{row.get('gateway_ttft_mean_ms', '-')} ms",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -375,6 +408,14 @@ def main() -> None:
     ap.add_argument("--nice", type=int, default=10, help="niceness of both servers' engines")
     ap.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
     ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    ap.add_argument(
+        "--ab-session-nice",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("A", "B"),
+        help="instead of vLLM: inferbus with its LLM worker's session at autogroup nice A vs B",
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None, help="also write the tables here")
     ap.add_argument(
@@ -400,33 +441,48 @@ def main() -> None:
         hf_dir = model_dir / "hf"
         port = _free_port()
         vlog = base / "vllm-serve.log"
-        server = start_vllm_server(
-            hf_dir,
-            port,
-            vlog,
-            max_num_seqs=args.max_num_seqs,
-            max_len=args.max_len,
-            nice=args.nice,
+        server = (
+            None
+            if args.ab_session_nice
+            else start_vllm_server(
+                hf_dir,
+                port,
+                vlog,
+                max_num_seqs=args.max_num_seqs,
+                max_len=args.max_len,
+                nice=args.nice,
+            )
         )
         try:
             with LocalStack(base, workers=0, with_redis=True) as stack:
                 stack.push(model_dir, TINY_LLM)
                 worker = start_llm_worker(stack, base, nice=args.nice)
                 wait_llm_ready(stack, worker, TINY_LLM)
-                wait_vllm_ready(server, port, vlog, timeout=300)
+                if server is not None:
+                    wait_vllm_ready(server, port, vlog, timeout=300)
                 urls = {"inferbus": f"http://{stack.http_url}", "vllm": f"http://127.0.0.1:{port}"}
                 metrics = {
-                    "inferbus": f"http://127.0.0.1:{worker.ports['metrics']}/metrics",
-                    "vllm": f"http://127.0.0.1:{port}/metrics",
+                    "inferbus": [
+                        f"http://127.0.0.1:{worker.ports['metrics']}/metrics",
+                        f"http://127.0.0.1:{stack.gateway.ports['metrics']}/metrics",
+                    ],
+                    "vllm": [f"http://127.0.0.1:{port}/metrics"],
                 }
+                if args.ab_session_nice:
+                    # No vLLM server: the inferbus stack against itself, the worker's
+                    # session at one autogroup niceness and then the other.
+                    args.worker_pid = worker.pid
+                    urls = {f"session-nice-{n}": urls["inferbus"] for n in args.ab_session_nice}
+                    metrics = {arm: metrics["inferbus"] for arm in urls}
                 print("servers:", urls, file=sys.stderr)
                 run_all(args, urls, metrics, hf_dir, base, out_path, rows)
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            if server is not None:
+                server.terminate()
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    server.kill()
     text = table(rows, args)
     print(text)
     print(f"\nresults: {out_path}", file=sys.stderr)
