@@ -368,7 +368,8 @@ def run_all(
                         **result,
                         "command": " ".join(cmd)
                         .replace(str(hf_dir), "<tiny-llm>/hf")
-                        .replace(urls[arm], f"<{arm}>"),
+                        .replace(urls[arm], f"<{arm}>")
+                        .replace(f"{REPO}/", ""),
                     }
                     rows.append(row)
                     with out_path.open("a") as fh:
