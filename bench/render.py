@@ -815,6 +815,7 @@ DEFAULT_APPENDIX = (
     BENCH / "performance.md",
     BENCH / "observability.md",
     BENCH / "perf_analyzer.md",
+    BENCH / "llm_vs_vllm.md",
 )
 """Hand-written sections placed after the generated ones, in this order."""
 
@@ -960,7 +961,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=None,
         help="hand-written markdown after the generated sections (repeatable; default"
-        " bench/performance.md, bench/observability.md, bench/perf_analyzer.md)",
+        " bench/performance.md, bench/observability.md, bench/perf_analyzer.md,"
+        " bench/llm_vs_vllm.md)",
     )
     p.add_argument(
         "--refresh",

@@ -65,7 +65,9 @@ def start_llm_worker(
 ) -> ServiceProcess:
     """Start an LLM worker (CPU) on `stack`, registered in ``stack.procs[name]``.
 
-    `nice` is added to the worker's niceness (vLLM's engine processes inherit it).
+    `nice` is added to the worker's niceness (vLLM's engine processes inherit it)
+    and is the worker's ``nice`` setting (its session's autogroup too, see
+    `inferbus_worker.llm.priority`).
     """
     assert stack.nats is not None
     worker = ServiceProcess(
@@ -84,6 +86,7 @@ def start_llm_worker(
             "INFERBUS_LLM_REGISTRY_URL": stack.registry_url,
             "INFERBUS_LLM_CACHE_DIR": str(base / f"{name}-cache"),
             "INFERBUS_LLM_DEVICE": "cpu",
+            "INFERBUS_LLM_NICE": str(nice),
         },
     )
     stack.procs[name] = worker

@@ -15,6 +15,7 @@ import logging
 
 from inferbus_common.lifecycle import service_main
 from inferbus_worker.llm.loopwatch import GcPauses
+from inferbus_worker.llm.priority import lower_priority
 from inferbus_worker.llm.settings import LlmWorkerSettings
 from inferbus_worker.llm.worker import LlmWorker
 
@@ -23,6 +24,9 @@ log = logging.getLogger("inferbus_worker.llm")
 
 async def serve(settings: LlmWorkerSettings, stop: asyncio.Event) -> int:
     """Serve until `stop` (SIGTERM or SIGINT: 0) or until the worker gives up (1), then drain."""
+    # Before any engine starts: its processes inherit the priority.
+    if changed := lower_priority(settings.nice):
+        log.info("running at lower CPU priority: %s", ", ".join(changed))
     worker = LlmWorker(settings, on_fatal=lambda _reason: stop.set())
     with GcPauses():
         async with worker:

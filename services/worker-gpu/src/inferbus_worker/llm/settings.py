@@ -46,6 +46,12 @@ class LlmWorkerSettings(ServiceSettings):
     """Restarts of a dead vLLM engine that may fail in a row before the worker exits
     with status 1 (its supervisor, a compose restart policy or Kubernetes, then
     starts a fresh process). The wait between attempts is ``load_retry_s``."""
+    nice: int = Field(default=10, ge=0, le=19)
+    """Niceness of the worker and the vLLM engine processes it starts, applied to
+    the process and, when the worker leads its session, to the session's
+    autogroup (`inferbus_worker.llm.priority`): the engine spins on a CPU while it
+    generates, and at equal weight the services that carry its chunks (nats-server,
+    the gateway) waited for it. 0 leaves the priority as it is."""
     engine_shutdown_timeout_s: float = Field(default=10.0, gt=0)
     """Limit for stopping an engine (a dead one before its restart, or any at drain);
     vLLM kills its processes when they outlast it."""
