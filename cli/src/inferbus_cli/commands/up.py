@@ -80,6 +80,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
             secure=args.s3_secure,
         ),
         workers=workers,
+        gateways=args.gateways,
         ports=ports,
         redis=not args.no_redis,
         pool=args.pool,
