@@ -103,11 +103,21 @@ SendFn = Callable[[], Awaitable[dict[str, int]]]
 class GrpcTarget:
     """KServe V2 over gRPC with ``tritonclient.grpc.aio``."""
 
-    def __init__(self, url: str, model: str, version: str, timeout_s: float) -> None:
+    def __init__(
+        self, url: str, model: str, version: str, timeout_s: float, channels: int = 1
+    ) -> None:
         import tritonclient.grpc.aio as grpcclient
 
         self._mod = grpcclient
-        self._client = grpcclient.InferenceServerClient(url)
+        # Each channel its own subchannel pool, hence its own HTTP/2 connection
+        # (equal channels otherwise share one): the kernel spreads connections,
+        # not requests, over gateway processes sharing a port.
+        args = [("grpc.use_local_subchannel_pool", 1)] if channels > 1 else None
+        self._clients = [
+            grpcclient.InferenceServerClient(url, channel_args=args) for _ in range(channels)
+        ]
+        self._next = 0
+        self._client = self._clients[0]
         self._model = model
         self._version = version
         self._timeout_s = timeout_s
@@ -130,8 +140,10 @@ class GrpcTarget:
         """One ModelInfer; returns the inferbus stage timings found in the parameters."""
         from tritonclient.utils import InferenceServerException
 
+        client = self._clients[self._next]
+        self._next = (self._next + 1) % len(self._clients)
         try:
-            result = await self._client.infer(
+            result = await client.infer(
                 self._model,
                 self._inputs,
                 model_version=self._version,
@@ -148,8 +160,9 @@ class GrpcTarget:
         return stages
 
     async def close(self) -> None:
-        """Close the channel."""
-        await self._client.close()
+        """Close the channels."""
+        for client in self._clients:
+            await client.close()
 
 
 def _grpc_status_name(status: str | None) -> str:
@@ -391,6 +404,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", required=True)
     p.add_argument("--model-version", default="", help="pin a version (default: server's)")
     p.add_argument("--target", default="inferbus", help="label of the server under test")
+    p.add_argument(
+        "--channels",
+        type=int,
+        default=1,
+        help="gRPC channels (connections) the callers take turns on (1)",
+    )
     p.add_argument("--rows", type=int, default=1, help="rows (batch size) per request")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--concurrency", type=int, help="closed loop with N callers (default 1)")
@@ -433,7 +452,7 @@ async def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     width = args.concurrency or args.max_outstanding
     if args.protocol == "grpc":
         target: GrpcTarget | RestTarget = GrpcTarget(
-            args.url, args.model, args.model_version, args.timeout
+            args.url, args.model, args.model_version, args.timeout, args.channels
         )
     else:
         target = RestTarget(args.url, args.model, args.model_version, args.timeout, width)

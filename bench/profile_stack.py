@@ -66,7 +66,9 @@ def parse_arm(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def loadgen_argv(url: str, model: str, load: str, duration: float, warmup: float) -> list[str]:
+def loadgen_argv(
+    url: str, model: str, load: str, duration: float, warmup: float, channels: int = 1
+) -> list[str]:
     """`bench/loadgen.py`'s command line for one gRPC run: closed loop (`load` ``c<N>``)
     or open loop (``r<req/s>``); run from the repository root."""
     return [
@@ -82,12 +84,16 @@ def loadgen_argv(url: str, model: str, load: str, duration: float, warmup: float
         str(duration),
         "--warmup",
         str(warmup),
+        "--channels",
+        str(channels),
     ]
 
 
-def loadgen(url: str, model: str, load: str, duration: float, warmup: float) -> dict:
+def loadgen(
+    url: str, model: str, load: str, duration: float, warmup: float, channels: int = 1
+) -> dict:
     """One gRPC run, closed loop (`load` ``c<N>``) or open loop (``r<req/s>``); its JSON line."""
-    argv = loadgen_argv(url, model, load, duration, warmup)
+    argv = loadgen_argv(url, model, load, duration, warmup, channels)
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False)
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     if not lines:
@@ -118,6 +124,7 @@ def sampled_run(
     load: str,
     duration: float,
     warmup: float,
+    channels: int = 1,
 ) -> dict[str, Any]:
     """A loadgen run with the sampler on in every service for its measured window."""
     names = {pid: name for name, pid in stack.pids().items()}
@@ -150,7 +157,7 @@ def sampled_run(
 
     t = threading.Thread(target=arm_sampler, daemon=True)
     t.start()
-    line = loadgen(stack.grpc_url, model, load, duration, warmup)
+    line = loadgen(stack.grpc_url, model, load, duration, warmup, channels)
     t.join()
     # Batch fill over the measured part: CPU per request falls as micro-batches
     # grow, so arms are only comparable at similar fills.
@@ -211,6 +218,21 @@ def sampled_run(
     return {"line": line, "procs": procs, "fill": fill}
 
 
+def join_gateways(stack: BenchStack, gateways: int) -> None:
+    """Start gateway processes 2..`gateways` on the first one's HTTP and gRPC ports."""
+    for i in range(2, gateways + 1):
+        stack._spawn(
+            f"gateway{i}",
+            "inferbus_gateway",
+            {
+                "INFERBUS_GATEWAY_HTTP_PORT": str(stack.gateway.ports["http"]),
+                "INFERBUS_GATEWAY_GRPC_PORT": str(stack.gateway.ports["grpc"]),
+                "INFERBUS_GATEWAY_PORT_GROUP": "join",
+                "INFERBUS_GATEWAY_REGISTRY_URL": stack.registry_url,
+            },
+        ).wait_ready()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -233,6 +255,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=["fraud", "heavy"],
         default="fraud",
         help="example fraud MLP, or the heavy MLP of bench/models/make_heavy.py",
+    )
+    p.add_argument(
+        "--channels",
+        type=int,
+        default=1,
+        help="gRPC channels of the load generator (several connections: with gateway "
+        "processes sharing a port, one connection is served by one process)",
     )
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--top", type=int, default=6, help="frames printed per process")
@@ -260,19 +289,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # An arm's PYTHONPATH (e.g. a `git archive` of another revision's
                 # libs/*/src and services/*/src) goes after the sampler.
                 paths = [str(SAMPLER), *filter(None, [env.get("PYTHONPATH", "")])]
+                # BENCH_GATEWAYS=N in an arm: N gateway processes on one port (issue 31).
+                gateways = int(env.get("BENCH_GATEWAYS", "1"))
                 stack_env = {
-                    **env,
+                    **{k: v for k, v in env.items() if k != "BENCH_GATEWAYS"},
                     "PYTHONPATH": ":".join(paths),
                     "INFERBUS_SAMPLE_DIR": str(sample_dir),
                 }
                 base = work / f"stack-{name}-{rnd}"
+                if gateways > 1:
+                    stack_env["INFERBUS_GATEWAY_PORT_GROUP"] = "first"
                 with BenchStack(base, workers=args.workers, env=stack_env) as stack:
+                    join_gateways(stack, gateways)
                     stack.push(model_dir, args.model)
                     stack.wait_model_ready(args.model)
                     for c in loads:
                         label = f"{name}-{c}"
                         run = sampled_run(
-                            stack, sample_dir, label, args.model, c, args.duration, args.warmup
+                            stack,
+                            sample_dir,
+                            label,
+                            args.model,
+                            c,
+                            args.duration,
+                            args.warmup,
+                            args.channels,
                         )
                         record = {
                             "kind": "profile_run",

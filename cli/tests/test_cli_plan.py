@@ -190,3 +190,29 @@ def test_a_restart_keeps_the_ports_the_process_had(tmp_path: Path) -> None:
 def test_restart_back_off_doubles_up_to_its_cap() -> None:
     policy = RestartPolicy(initial_s=0.5, max_s=4.0)
     assert [policy.delay(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+
+
+def test_a_gateway_group_joins_the_first_gateways_ports(tmp_path: Path) -> None:
+    from inferbus_cli.parser import auto_gateways
+
+    options = UpOptions(home=tmp_path, gateways=3)
+    stages = process_stages(options, with_redis=True)
+    assert stages[-2][-1] == "gateway"
+    assert stages[-1] == ["gateway-2", "gateway-3"], "the others start once the first is up"
+    first = service_spec(options, "gateway", ENDPOINTS)
+    assert first.env["INFERBUS_GATEWAY_PORT_GROUP"] == "first"
+    assert first.env["INFERBUS_GATEWAY_GRPC_PORT"] == "8001"
+    up = ENDPOINTS | {"gateway_grpc": "127.0.0.1:41001", "gateway_http": "http://127.0.0.1:41000"}
+    other = service_spec(options, "gateway-2", up)
+    assert other.env["INFERBUS_GATEWAY_PORT_GROUP"] == "join"
+    assert other.env["INFERBUS_GATEWAY_GRPC_PORT"] == "41001"
+    assert other.env["INFERBUS_GATEWAY_HTTP_PORT"] == "41000"
+    assert other.env["INFERBUS_GATEWAY_METRICS_PORT"] == "0"
+    assert other.log.name == "gateway-2.log"
+    # Restarted while the others hold the ports, the first one joins them.
+    again = pinned_spec(first, {"grpc": 8001, "http": 8000, "metrics": 8002})
+    assert again.env["INFERBUS_GATEWAY_PORT_GROUP"] == "join"
+    # One gateway alone binds its ports alone.
+    alone = service_spec(UpOptions(home=tmp_path), "gateway", ENDPOINTS)
+    assert "INFERBUS_GATEWAY_PORT_GROUP" not in alone.env
+    assert [auto_gateways(n) for n in (1, 2, 4, 8, 16, 64, None)] == [1, 1, 1, 2, 4, 8, 1]

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -294,3 +295,50 @@ def test_detached_stack_on_a_nats_cluster_is_supervised(tmp_path: Path) -> None:
         if supervisor and is_alive(supervisor):
             os.kill(supervisor, signal.SIGKILL)
         kill_leftovers(pids, home)
+
+
+def test_a_gateway_group_shares_its_ports_and_a_second_stack_is_refused(tmp_path: Path) -> None:
+    """`up -d --gateways 2`: two gateway processes on one HTTP and gRPC port, both in
+    `status`, one /metrics/group; a killed first gateway rejoins its group; a second
+    stack on the taken gRPC port fails with a clear error."""
+    home = tmp_path / "home"
+    up = cli(home, "up", "-d", "--free-ports", "--no-llm", "--gateways", "2")
+    pids = recorded_pids(home)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "/metrics/group (every gateway process" in up.stdout
+        status = cli(home, "status", "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        rows = {p["name"]: p for p in json.loads(status.stdout)["processes"]}
+        first, second = rows["gateway"], rows["gateway-2"]
+        assert first["pid"] != second["pid"]
+        assert first["ports"]["grpc"] == second["ports"]["grpc"]
+        assert first["ports"]["http"] == second["ports"]["http"]
+        assert first["ports"]["metrics"] != second["ports"]["metrics"]
+        grpc_port = first["ports"]["grpc"]
+        group = f"http://127.0.0.1:{second['ports']['metrics']}/metrics/group"
+        text = urllib.request.urlopen(group, timeout=5).read().decode()
+        assert 'gateway_process="gateway"' in text and 'gateway_process="gateway-2"' in text
+
+        other = cli(tmp_path / "other", "up", "-d", "--free-ports", "--grpc-port", str(grpc_port))
+        assert other.returncode != 0
+        assert f"port {grpc_port} (gateway gRPC) is already in use" in other.stderr
+
+        os.kill(first["pid"], signal.SIGKILL)
+
+        def rejoined() -> bool:
+            now = load_state(home)
+            row = next(p for p in now.processes if p.name == "gateway") if now else None
+            return row is not None and row.restarts >= 1 and is_alive(row.pid, row.start_ticks)
+
+        wait_for(rejoined, 60, "the first gateway to be restarted into its group")
+        pids = recorded_pids(home)
+        again = {
+            p["name"]: p for p in json.loads(cli(home, "status", "--json").stdout)["processes"]
+        }
+        assert again["gateway"]["ports"]["grpc"] == grpc_port
+        down = cli(home, "down")
+        assert down.returncode == 0, down.stdout + down.stderr
+    finally:
+        kill_leftovers(pids, home)
+        kill_leftovers(recorded_pids(tmp_path / "other"), tmp_path / "other")

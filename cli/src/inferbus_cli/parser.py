@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from inferbus_cli.busclient import nats_options, parse_duration
 from inferbus_cli.plan import Ports
@@ -20,6 +21,27 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} must be at least 1")
     return value
+
+
+#: ``--gateways auto``: one gateway process per this many CPU cores ...
+GATEWAY_CORES_EACH = 4
+#: ... and at most this many.
+GATEWAYS_AUTO_MAX = 8
+
+
+def auto_gateways(cores: int | None) -> int:
+    """``--gateways auto``: one process per 4 cores, at least 1, at most 8.
+
+    A gateway process holds about 1.2 cores at full load (issue 31) and the
+    router, batcher and workers need the rest of the host.
+    """
+    return max(1, min(GATEWAYS_AUTO_MAX, (cores or 1) // GATEWAY_CORES_EACH))
+
+
+def _gateways(text: str) -> int:
+    if text == "auto":
+        return auto_gateways(len(os.sched_getaffinity(0)))
+    return _positive_int(text)
 
 
 def _positive_float(text: str) -> float:
@@ -66,6 +88,13 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     )
     _home_option(p)
     p.add_argument("--workers", type=_positive_int, default=1, help="worker processes (1)")
+    p.add_argument(
+        "--gateways",
+        type=_gateways,
+        default=1,
+        help="gateway processes sharing the HTTP and gRPC ports (SO_REUSEPORT): a number, "
+        "or 'auto' = one per 4 CPU cores, at least 1, at most 8 (1)",
+    )
     p.add_argument(
         "--gpus",
         help="one worker per GPU instead of --workers: 'all', or GPU indices or UUIDs "

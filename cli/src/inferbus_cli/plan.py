@@ -85,6 +85,8 @@ class UpOptions:
         store: where the registry keeps artifacts.
         s3: S3 settings when `store` is ``s3``.
         workers: number of worker processes.
+        gateways: gateway processes sharing the HTTP and gRPC ports: ``gateway``
+            (the first), then ``gateway-2`` ... ``gateway-N``.
         ports: listening ports.
         redis: start redis-server (when it is installed).
         pool: worker pool of the workers.
@@ -103,6 +105,7 @@ class UpOptions:
     store: Literal["local", "s3"] = "local"
     s3: S3Options = field(default_factory=S3Options)
     workers: int = 1
+    gateways: int = 1
     ports: Ports = field(default_factory=Ports)
     redis: bool = True
     pool: str = "default"
@@ -181,6 +184,9 @@ def process_stages(options: UpOptions, *, with_redis: bool) -> list[list[str]]:
     stages.append([*(f"worker-{i + 1}" for i in range(options.workers)), "gateway"])
     if options.llm_python is not None:
         stages[-1].insert(len(stages[-1]) - 1, "llm-worker")  # the gateway stays last
+    if options.gateways > 1:
+        # The others join the first one's ports once it is up (and has them).
+        stages.append([f"gateway-{i + 1}" for i in range(1, options.gateways)])
     return stages
 
 
@@ -324,7 +330,7 @@ def service_spec(options: UpOptions, name: str, endpoints: dict[str, str]) -> Pr
         endpoints: at least ``nats`` (every node's URL, comma-separated, on a
             cluster); ``registry`` for workers; ``redis`` when running.
     """
-    kind = "worker" if name.startswith("worker-") else name
+    kind = name.split("-")[0] if name.startswith(("worker-", "gateway-")) else name
     module, prefix = SERVICE_MODULES[kind]
     p = options.ports
     ports_file = options.run_dir / f"{name}.json"
@@ -362,10 +368,8 @@ def service_spec(options: UpOptions, name: str, endpoints: dict[str, str]) -> Pr
             "POOL": options.pool,
         }
     elif kind == "gateway":
+        values |= _gateway_ports(options, name, endpoints)
         values |= {
-            "HTTP_PORT": p.gateway_http,
-            "GRPC_PORT": p.gateway_grpc,
-            "METRICS_PORT": p.gateway_metrics,
             "REDIS_URL": redis_url(endpoints["redis"]) if endpoints.get("redis") else "",
             # Triton's repository extension (/v2/repository/...) calls the registry.
             "REGISTRY_URL": endpoints.get("registry", ""),
@@ -391,6 +395,38 @@ def service_spec(options: UpOptions, name: str, endpoints: dict[str, str]) -> Pr
     return ProcessSpec(name, "service", argv, env, options.logs_dir / f"{name}.log", ports_file)
 
 
+def _gateway_ports(
+    options: UpOptions, name: str, endpoints: dict[str, str]
+) -> dict[str, str | int]:
+    """Ports (and port group) of gateway process `name`.
+
+    With one gateway it binds its ports alone. In a group the first one
+    (``gateway``) checks that the shared ports are free, then binds them with
+    SO_REUSEPORT; ``gateway-2`` ... join the ports it got (so ``--free-ports``
+    works too) and take a metrics port of their own (any free one).
+    """
+    p = options.ports
+    if options.gateways == 1:
+        return {
+            "HTTP_PORT": p.gateway_http,
+            "GRPC_PORT": p.gateway_grpc,
+            "METRICS_PORT": p.gateway_metrics,
+        }
+    if name == "gateway":
+        return {
+            "HTTP_PORT": p.gateway_http,
+            "GRPC_PORT": p.gateway_grpc,
+            "METRICS_PORT": p.gateway_metrics,
+            "PORT_GROUP": "first",
+        }
+    return {
+        "HTTP_PORT": endpoints["gateway_http"].rsplit(":", 1)[1],
+        "GRPC_PORT": endpoints["gateway_grpc"].rsplit(":", 1)[1],
+        "METRICS_PORT": 0,
+        "PORT_GROUP": "join",
+    }
+
+
 #: Port settings of a service, by the role it reports them under in its ports file.
 _PORT_SETTINGS = {"grpc": "GRPC_PORT", "http": "HTTP_PORT", "metrics": "METRICS_PORT"}
 
@@ -412,6 +448,9 @@ def pinned_spec(spec: ProcessSpec, ports: dict[str, object]) -> ProcessSpec:
         for role, setting in _PORT_SETTINGS.items():
             if role in ports and prefix:
                 env[prefix + setting] = str(ports[role])
+        if env.get(prefix + "PORT_GROUP") == "first":
+            # A restarted first gateway joins the ports the rest of its group still holds.
+            env[prefix + "PORT_GROUP"] = "join"
     return ProcessSpec(
         spec.name,
         spec.kind,

@@ -197,7 +197,7 @@ def _probe(child: Child, run_dir: Path) -> dict[str, Any] | None:
         return None
     if http_status(int(data["metrics"]), "/readyz") is None:
         return None
-    if spec.name == "gateway" and http_status(int(data["http"]), "/v2/health/live") != 200:
+    if spec.name.startswith("gateway") and http_status(int(data["http"]), "/v2/health/live") != 200:
         return None
     return {k: v for k, v in data.items() if k != "pid"}
 

@@ -80,6 +80,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
             secure=args.s3_secure,
         ),
         workers=workers,
+        gateways=args.gateways,
         ports=ports,
         redis=not args.no_redis,
         pool=args.pool,
@@ -119,6 +120,9 @@ def endpoint_lines(state: StackState) -> list[str]:
         f"  Redis          : {ep.get('redis', 'not running')}",
         f"  metrics        : {ep.get('gateway_metrics', '-')} (gateway)",
     ]
+    if "gateway-2_metrics" in ep:
+        group = ep["gateway_metrics"].removesuffix("/metrics") + "/metrics/group"
+        lines.append(f"                   {group} (every gateway process, labelled)")
     lines += [
         f"                   {url} ({key.removesuffix('_metrics')})"
         for key, url in ep.items()

@@ -12,7 +12,7 @@ import json
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +24,59 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind a listening TCP socket (port 0 = the OS picks); read the port back."""
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """Bind a listening TCP socket (port 0 = the OS picks); read the port back.
+
+    With `reuse_port` the socket is bound with SO_REUSEPORT: other processes
+    (of the same user) bound the same way share the port, the kernel spreading
+    new connections over them.
+    """
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(2048)
     sock.setblocking(False)
     return sock
 
 
-def ops_app(ready: Callable[[], tuple[bool, str]]) -> Starlette:
+class PortTakenError(OSError):
+    """A port a process group was to share is held by a process outside it."""
+
+
+def check_port_free(host: str, port: int, role: str) -> None:
+    """Fail unless `host:port` can be bound *without* SO_REUSEPORT (port 0: nothing to check).
+
+    A process group that shares ports with SO_REUSEPORT would otherwise join
+    any listener of the same user bound that way, silently. The first process
+    of a group calls this before binding; a listener started between this check
+    and its own bind (a window of milliseconds) is not caught.
+
+    Raises:
+        PortTakenError: something listens on (or holds) the port.
+    """
+    if port == 0:
+        return
+    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+    except OSError as exc:
+        raise PortTakenError(
+            exc.errno, f"{role} port {host}:{port} is already in use ({exc.strerror})"
+        ) from exc
+    finally:
+        probe.close()
+
+
+def ops_app(ready: Callable[[], tuple[bool, str]], extra_routes: Sequence[Route] = ()) -> Starlette:
     """Starlette app with /metrics, /healthz (process alive) and /readyz.
 
     Args:
         ready: returns (is_ready, reason); /readyz answers 503 with the reason
             until the service can really serve.
+        extra_routes: further routes (the gateway's ``/metrics/group``).
     """
 
     async def metrics(_: Request) -> Response:
@@ -59,6 +96,7 @@ def ops_app(ready: Callable[[], tuple[bool, str]]) -> Starlette:
             Route("/metrics", metrics),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
+            *extra_routes,
         ]
     )
 

@@ -12,6 +12,7 @@ import nats.errors
 from nats.aio.client import Client
 from prometheus_client import REGISTRY
 from prometheus_client.registry import Collector
+from starlette.routing import Route
 
 from inferbus_common import __version__, lifecycle, ops
 from inferbus_common.audittrail import ensure_audit_stream
@@ -20,6 +21,7 @@ from inferbus_common.catalog import Catalog
 from inferbus_common.grpcauth import read_secret
 from inferbus_common.registrychannel import message_size_options
 from inferbus_common.subjects import Subjects
+from inferbus_gateway import metricsgroup
 from inferbus_gateway.admission import Admission
 from inferbus_gateway.dispatch.dispatcher import Dispatcher
 from inferbus_gateway.dispatch.idempotency import IdempotencyCache
@@ -158,10 +160,16 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                 registry_token=read_secret(None, settings.registry_token_file),
             )
 
+            shared = settings.port_group != "off"
+            if settings.port_group == "first":
+                ops.check_port_free(settings.host, settings.grpc_port, "gateway gRPC")
+                ops.check_port_free(settings.host, settings.http_port, "gateway HTTP")
             server = grpc.aio.server(
                 options=[
                     *message_size_options(settings.max_message_bytes),
-                    ("grpc.so_reuseport", 0),
+                    # Off unless the ports are shared by a group of gateway processes:
+                    # a second stack on the same port must fail, not silently share it.
+                    ("grpc.so_reuseport", int(shared)),
                 ]
             )
             classifier = Classifier(catalog, repository.read_file)
@@ -183,7 +191,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
             else:
                 grpc_port = server.add_secure_port(grpc_addr, credentials)
             await server.start()
-            http_sock = ops.bind_socket(settings.host, settings.http_port)
+            http_sock = ops.bind_socket(settings.host, settings.http_port, reuse_port=shared)
             metrics_sock = ops.bind_socket(settings.host, settings.metrics_port)
             try:
                 async with (
@@ -201,7 +209,9 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                         tls_key_file=settings.tls_key_file,
                         tls_client_ca_file=settings.tls_client_ca_file,
                     ) as http_server,
-                    ops.serve_http(ops.ops_app(service.ready), metrics_sock),
+                    ops.serve_http(
+                        ops.ops_app(service.ready, _group_routes(settings)), metrics_sock
+                    ),
                 ):
                     ports = {
                         "http": http_sock.getsockname()[1],
@@ -289,6 +299,14 @@ async def _ensure_audit_stream(nc: Client, subjects: Subjects, settings: Gateway
             )
     except (TimeoutError, nats.errors.Error) as exc:
         log.warning("audit stream %s not ensured: %s", subjects.audit_stream, exc)
+
+
+def _group_routes(settings: GatewaySettings) -> list[Route]:
+    """``/metrics/group`` when this process is one of a group (or a glob is set)."""
+    pattern = settings.metrics_group
+    if pattern is None and settings.port_group != "off":
+        pattern = metricsgroup.default_pattern(settings.ports_file)
+    return [] if pattern is None else [metricsgroup.group_route(pattern, settings.host)]
 
 
 def _grpc_tls(settings: GatewaySettings) -> grpc.ServerCredentials | None:

@@ -22,7 +22,22 @@ class GatewaySettings(ServiceSettings):
     grpc_port: int = Field(default=8001, ge=0, le=65535)
     """KServe V2 gRPC port; 0 = any free port."""
     metrics_port: int = Field(default=8002, ge=0, le=65535)
-    """/metrics, /healthz, /readyz."""
+    """/metrics, /healthz, /readyz (always this process's own port)."""
+    port_group: Literal["off", "first", "join"] = "off"
+    """Share the HTTP and gRPC ports with other gateway processes (SO_REUSEPORT).
+
+    ``off``: bind them alone (a taken port fails). ``first``: the first process
+    of a group: it test-binds both ports without SO_REUSEPORT (so a port some
+    other process holds still fails loudly), then binds them with it. ``join``:
+    a further process of the group: binds with SO_REUSEPORT straight away
+    (start it only once the first one is up). The kernel spreads new
+    connections over the processes; one connection stays with one process.
+    """
+    metrics_group: str | None = None
+    """Glob of the ports files of this host's gateway processes, for ``/metrics/group``
+    on the metrics port (every process's metrics, labelled ``gateway_process``).
+    Unset: ``<dir of ports_file>/gateway*.json`` when `port_group` is not ``off``;
+    ``/metrics/group`` is not served without either."""
     default_timeout_s: float = Field(default=30.0, gt=0)
     """Deadline for requests that bring none and whose model sets none."""
     generation_max_timeout_s: float = Field(default=120.0, gt=0)
