@@ -23,7 +23,7 @@ from inferbus_common.admission.keys import AdmissionKeys, connect_redis
 from inferbus_common.admission.limits import Limit, Scope, set_limit
 from inferbus_common.audit import decode_records
 from inferbus_common.catalog import Catalog as LiveCatalog
-from inferbus_common.catalog import DeployedVersion, Route
+from inferbus_common.catalog import DeployedVersion, LastWorker, Route, WorkerStatus
 from inferbus_common.codec import Tensor, tensor_from_numpy
 from inferbus_common.errors import (
     DeadlineExceeded,
@@ -95,6 +95,15 @@ class Catalog(LiveCatalog):
 
     def version_state(self, model: str, version: str) -> str:
         return self.state
+
+    def is_ready(self, model: str, version: str) -> bool:
+        return self.state == "ready"
+
+    def last_worker(self, model: str, version: str) -> LastWorker | None:
+        return None
+
+    def live_workers(self) -> list[WorkerStatus]:
+        return []
 
 
 class Dispatcher:
