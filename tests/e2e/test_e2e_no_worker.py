@@ -16,6 +16,8 @@ not from the heartbeat going stale (15 s). Asserted, measured from the kill:
 * every request gets an answer: OK (before the kill) or UNAVAILABLE; none
   hangs, none ends DEADLINE_EXCEEDED (those in flight at the kill are answered
   by the gateway's sweep, not at their deadline);
+* `inferbus status`'s per-version reason (the gateway's repository index) says
+  "no worker" and names the dead worker;
 * once a worker starts again, requests succeed.
 """
 
@@ -31,12 +33,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
+from inferbus_cli.commands.status import version_reasons
+from inferbus_cli.rpc import inference_stub
 from inferbus_testing.stack import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -188,6 +193,13 @@ async def test_no_live_worker_is_answered_unavailable_within_a_second(
                 f"{len(outcomes)} requests, {len(refused)} refused; slowest refusal of a "
                 f"request sent after the bound: {max(after) * 1000:.0f} ms"
             )
+
+            # `inferbus status` says the same, per version (its repository-index read).
+            with grpc.insecure_channel(st.grpc_url) as channel:
+                reasons = version_reasons(inference_stub(channel))
+            reason = reasons[("fraud", "1")]
+            assert reason.startswith("UNAVAILABLE: no worker (last served by worker"), reason
+            assert f"pid {victim_pid}" in reason and "connection to NATS closed" in reason
 
             # A worker again: requests succeed.
             st.start_worker("worker-back").wait_ready()

@@ -92,6 +92,20 @@ def wait_for_worker_s(
     return left_s
 
 
+def last_worker_text(catalog: Catalog, model: str, version: str, now_ms: float) -> str:
+    """Who served (`model`, `version`) last and how it went ('' when none did
+    since this gateway started)."""
+    last = catalog.last_worker(model, version)
+    if last is None:
+        return ""
+    where = f"{last.host}, pid {last.pid}" if last.host else f"pid {last.pid}"
+    return (
+        f"last served by worker '{last.worker_id}' ({where}): "
+        f"{_HOW.get(last.how, last.how)} {max(0.0, now_ms - last.lost_ms) / 1000:.1f} s ago, "
+        f"last heartbeat {max(0.0, now_ms - last.heartbeat_ms) / 1000:.1f} s ago"
+    )
+
+
 def no_worker_error(
     catalog: Catalog, model: str, version: str, pool: str, *, now_ms: float | None = None
 ) -> NoLiveWorker:
@@ -102,16 +116,9 @@ def no_worker_error(
     and what to do.
     """
     now = time.time() * 1000 if now_ms is None else now_ms
-    last = catalog.last_worker(model, version)
-    if last is not None:
-        where = f"{last.host}, pid {last.pid}" if last.host else f"pid {last.pid}"
-        why = (
-            f"last served by worker '{last.worker_id}' ({where}): "
-            f"{_HOW.get(last.how, last.how)} {max(0.0, now - last.lost_ms) / 1000:.1f} s ago, "
-            f"last heartbeat {max(0.0, now - last.heartbeat_ms) / 1000:.1f} s ago"
-        )
-    else:
-        why = f"no worker of pool '{pool}' has reported it ready since this gateway started"
+    why = last_worker_text(catalog, model, version, now) or (
+        f"no worker of pool '{pool}' has reported it ready since this gateway started"
+    )
     live = sum(1 for w in catalog.live_workers() if w.pool == pool)
     return NoLiveWorker(
         f"model '{model}' version '{version}': no live worker serves it ({why}); "
