@@ -138,7 +138,7 @@ def test_no_credentials_is_refused(secured) -> None:
         ("batcher", "ib.route.fraud", "a batcher does not send requests in"),
         ("worker", "ib.seq.w-2.acc.1", "only gateways send sequence requests"),
         ("router", "ib.seqwho.acc.1", "only gateways look for sequences"),
-        ("worker", "ib.alive.w-2", "only gateways probe workers"),
+        ("router", "ib.alive.w-2", "only gateways probe workers"),
         ("router", "ib.events.registry.fraud", "only the registry announces lifecycle events"),
         ("batcher", f"$JS.API.STREAM.DELETE.{SUBJECTS.batch_stream}", "no one deletes streams"),
         ("worker", f"$JS.API.STREAM.PURGE.KV_{SUBJECTS.routes_bucket}", "no route purges"),

@@ -133,6 +133,8 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
         pub += [
             replies,
             f"{p}.idle.>",
+            # Its start-up check that liveness probes reach it (versionhost.py).
+            f"{p}.alive.>",
             f"$KV.{subjects.workers_bucket}.>",
             *batch_stream_api,
             f"$JS.API.CONSUMER.CREATE.{batches}.>",

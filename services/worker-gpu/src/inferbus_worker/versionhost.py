@@ -211,7 +211,19 @@ class VersionHost(abc.ABC, Generic[S]):
         # instead of waiting for the heartbeat to go stale.
         alive = self.subjects.alive(self.instance_id)
         await self._nc.subscribe(alive, cb=_answer_alive)
-        self.heartbeat.alive_subject = alive
+        try:
+            # Advertised only once a probe reaches it: were the subscription
+            # refused (NATS permissions from an older release), every probe would
+            # get "no responders" and gateways would take this live worker for dead.
+            await self._nc.request(alive, b"", timeout=2.0)
+            self.heartbeat.alive_subject = alive
+        except NATS_ERRORS as exc:  # nats-py: its TimeoutError, NoRespondersError
+            log.warning(
+                "liveness probes do not reach this worker on %s (%r); gateways will learn "
+                "of its crash from its heartbeat only",
+                alive,
+                exc,
+            )
         await self._started(self._nc)
         self._own(self.heartbeat.run(self._workers_kv, lambda: self._closed), "heartbeat")
         self._own(self._reconcile_loop(), "reconcile")
