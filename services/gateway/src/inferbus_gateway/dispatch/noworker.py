@@ -42,11 +42,23 @@ from collections.abc import Callable
 
 import nats.errors
 from nats.aio.client import Client
+from prometheus_client import Counter
 
 from inferbus_common.catalog import Catalog, LastWorker
 from inferbus_common.errors import Unavailable
 
 log = logging.getLogger(__name__)
+
+WORKERS_GONE = Counter(
+    "inferbus_gateway_workers_gone_total",
+    "Workers this gateway found gone (a liveness probe got no responders: the "
+    "worker's NATS connection closed).",
+)
+SWEPT = Counter(
+    "inferbus_gateway_no_worker_swept_total",
+    "Requests already sent to a version that lost its last worker, answered "
+    "UNAVAILABLE by the gateway instead of at their deadline.",
+)
 
 _SWEEP_LATE_S = 60.0
 """A version lost longer ago than the grace plus this is not swept any more."""
@@ -206,6 +218,7 @@ class WorkerWatch:
         except nats.errors.NoRespondersError:
             if self._catalog.mark_gone(key):
                 self.found_gone += 1
+                WORKERS_GONE.inc()
                 ws = self._catalog.workers.get(key)
                 log.warning(
                     "worker %s is gone (its NATS connection closed); the versions it served: %s",
@@ -247,6 +260,8 @@ class WorkerWatch:
             answered += self._fail_pending(
                 model, version, before_ns, no_worker_error(self._catalog, model, version, pool)
             )
+        if answered:
+            SWEPT.inc(answered)
         if len(self._settled) > len(lost):
             keep = {(m, v) for m, v, _ in lost}
             self._settled = {k: v for k, v in self._settled.items() if k in keep}
