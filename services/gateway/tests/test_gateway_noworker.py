@@ -126,7 +126,7 @@ async def test_a_gone_worker_is_answered_at_once_naming_what_an_operator_needs(
         assert time.perf_counter() - t0 < 0.5
         text = str(err.value)
         for part in (
-            "model 'fraud' version '1.0.0': no live worker serves it",
+            "model 'fraud' version '1.0.0': no worker serves it",
             "worker 'w-1' (node-7, pid 4242)",
             "connection to NATS closed",
             "last heartbeat",
@@ -245,7 +245,7 @@ async def test_the_probe_finds_a_dead_worker_and_the_sweep_answers_its_requests(
             # Grace 0: every request waiting for this version is answered.
             model, version, before_ns, text = swept[0]
             assert (model, version, before_ns) == ("fraud", "1.0.0", None)
-            assert "no live worker" in text
+            assert "no worker serves it" in text
             # It reconnects (answers probes again) and heartbeats: it counts again.
             await nats_client.subscribe(alive, cb=answer)
             await nats_client.flush()

@@ -133,7 +133,7 @@ def no_worker_error(
     )
     live = sum(1 for w in catalog.live_workers() if w.pool == pool)
     return NoLiveWorker(
-        f"model '{model}' version '{version}': no live worker serves it ({why}); "
+        f"model '{model}' version '{version}': no worker serves it ({why}); "
         f"pool '{pool}' has {live} live worker{'' if live == 1 else 's'}; "
         f"start or fix a worker of pool '{pool}' (`inferbus status`, the worker logs) "
         "or move the route to a version that is served; nothing was computed, safe to retry"
@@ -226,6 +226,10 @@ class WorkerWatch:
                     ", ".join(sorted(ws.models)) if ws is not None else "?",
                     extra={"worker_id": key},
                 )
+                try:
+                    self.sweep()  # its requests now, not at the next tick
+                except Exception:  # the next tick sweeps again
+                    log.exception("sweep failed")
             return
         except (nats.errors.Error, TimeoutError, OSError):
             return  # slow, or a reconnect: no verdict
