@@ -44,6 +44,7 @@ from inferbus_gateway.admission import Admission, BreakerOpen
 from inferbus_gateway.canonical import InferRequest, InferResponse, ShmRef
 from inferbus_gateway.dispatch.dispatcher import Reply
 from inferbus_gateway.dispatch.idempotency import IdempotencyCache
+from inferbus_gateway.dispatch.noworker import NoLiveWorker
 from inferbus_gateway.observation.auditbatch import AuditBatches
 from inferbus_gateway.pipeline import (
     Admit,
@@ -385,6 +386,18 @@ async def test_fallback_answers_load_failures_with_fixed_outputs_only() -> None:
     assert limited.degraded == "queue"
     with pytest.raises(InvalidArgument):
         await step(call, _raises(InvalidArgument("bad input")))  # not a load failure
+
+
+async def test_a_version_no_worker_serves_is_refused_at_once_or_answered_by_its_fallback() -> None:
+    dv = DeployedVersion(model="fraud", version="3", config=_config())
+    handler = _handler(Catalog(dv, state="no worker"), Dispatcher())
+    with pytest.raises(NoLiveWorker, match="model 'fraud' version '3': no worker serves it"):
+        await handler(InferCall.start(_request(), "grpc"))
+    config = _config(fallback={"outputs": {"score": [0.5, 0.5], "label": [0]}})
+    covered = DeployedVersion(model="fraud", version="3", config=config)
+    handler = _handler(Catalog(covered, state="no worker"), Dispatcher())
+    answer = await Fallback(handler)(InferCall.start(_request(), "grpc"), handler)
+    assert answer.degraded == "no-worker" and answer.version == "3"
 
 
 async def test_fallback_asks_the_backup_model_once_but_not_on_a_deadline() -> None:
