@@ -60,8 +60,9 @@ SWEPT = Counter(
     "UNAVAILABLE by the gateway instead of at their deadline.",
 )
 
-_SWEEP_LATE_S = 60.0
-"""A version lost longer ago than the grace plus this is not swept any more."""
+_SWEEP_LATE_S = 5.0
+"""A version lost longer ago than the grace plus this is not swept any more (its
+requests were answered; new ones are refused before they are sent)."""
 
 FailPending = Callable[[str, str, "int | None", Unavailable], int]
 """Answers the requests sent to (model, version) that wait for a reply, those whose
@@ -169,8 +170,6 @@ class WorkerWatch:
         self._grace_s = grace_s
         self._probes: dict[str, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
-        self._settled: dict[tuple[str, str], int] = {}
-        """(model, version) → the loss (`LastWorker.lost_ms`) whose final sweep is done."""
         self.found_gone = 0
         """Workers found gone so far (tests, logs)."""
 
@@ -244,29 +243,21 @@ class WorkerWatch:
         if self._fail_pending is None:
             return 0
         now = time.time() * 1000 if now_ms is None else now_ms
-        # Versions lost within the grace, and those whose final sweep (at the end
-        # of the grace) is still to be done (a late tick: the loop was busy).
+        # Versions lost within the grace, and for a few seconds after it: a request
+        # that passed its readiness check just before the loss may reach the
+        # dispatcher a loop turn after a sweep.
         since = now - self._grace_s * 1000 - _SWEEP_LATE_S * 1000
         answered = 0
-        lost = self._catalog.lost_since(since)
-        for model, version, last in lost:
-            key = (model, version)
-            if self._settled.get(key) == last.lost_ms:
-                continue  # its final sweep is done
+        for model, version, last in self._catalog.lost_since(since):
             grace_end_ms = last.lost_ms + self._grace_s * 1000
             before_ns: int | None = None  # every waiting request
             if now < grace_end_ms:
                 before_ns = int(grace_end_ms * 1e6)  # those due before the grace ends
-            else:
-                self._settled[key] = last.lost_ms
-            dv = self._catalog.versions.get(key)
+            dv = self._catalog.versions.get((model, version))
             pool = dv.config.pool if dv is not None else "default"
             answered += self._fail_pending(
                 model, version, before_ns, no_worker_error(self._catalog, model, version, pool)
             )
         if answered:
             SWEPT.inc(answered)
-        if len(self._settled) > len(lost):
-            keep = {(m, v) for m, v, _ in lost}
-            self._settled = {k: v for k, v in self._settled.items() if k in keep}
         return answered
