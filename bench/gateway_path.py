@@ -74,6 +74,9 @@ class OneModelCatalog(Catalog):
     def version_state(self, model: str, version: str) -> str:
         return "ready"
 
+    def is_ready(self, model: str, version: str) -> bool:
+        return True
+
 
 class InstantDispatcher:
     """Answers every call at once with the reply a worker would send."""

@@ -138,6 +138,7 @@ def test_no_credentials_is_refused(secured) -> None:
         ("batcher", "ib.route.fraud", "a batcher does not send requests in"),
         ("worker", "ib.seq.w-2.acc.1", "only gateways send sequence requests"),
         ("router", "ib.seqwho.acc.1", "only gateways look for sequences"),
+        ("router", "ib.alive.w-2", "only gateways probe workers"),
         ("router", "ib.events.registry.fraud", "only the registry announces lifecycle events"),
         ("batcher", f"$JS.API.STREAM.DELETE.{SUBJECTS.batch_stream}", "no one deletes streams"),
         ("worker", f"$JS.API.STREAM.PURGE.KV_{SUBJECTS.routes_bucket}", "no route purges"),
@@ -185,6 +186,7 @@ async def test_subscribe_outside_permissions_is_refused(
         ("registry", "ib.events.registry.fraud"),
         ("gateway", "ib.seq.w-1.acc.1"),  # a request of a sequence, to its worker
         ("gateway", "ib.seqwho.acc.1"),
+        ("gateway", "ib.alive.w-1"),  # a liveness probe of a worker (noworker.py)
     ],
 )
 async def test_allowed_publish_is_delivered(secured, as_role, role: str, subject: str) -> None:

@@ -211,6 +211,40 @@ async def test_worker_heartbeats_and_states(js: JetStreamContext) -> None:
         assert catalog.version_state(MODEL, "1") == "failed: out of memory"
 
 
+async def test_a_worker_found_gone_serves_nothing_until_it_heartbeats_again(
+    js: JetStreamContext,
+) -> None:
+    _, _, workers = await _buckets(js)
+    key = f"{MODEL}/1"
+    async with Catalog(js, S, heartbeat_max_age_s=15.0) as catalog:
+        await catalog.wait_loaded(WAIT)
+        assert catalog.last_worker(MODEL, "1") is None  # never served
+        await workers.put("w-a", _worker("w-a", {key: "ready"}).model_dump_json().encode())
+        await workers.put("w-b", _worker("w-b", {key: "ready"}).model_dump_json().encode())
+        assert await catalog.wait_for(lambda: len(catalog.workers) == 2, WAIT)
+        assert catalog.is_ready(MODEL, "1") and catalog.last_worker(MODEL, "1") is None
+        assert catalog.mark_gone("w-a")
+        # The other still serves it.
+        assert catalog.is_ready(MODEL, "1")
+        assert [w.worker_id for w in catalog.ready_workers(MODEL, "1")] == ["w-b"]
+        assert catalog.mark_gone("w-b")
+        assert not catalog.is_ready(MODEL, "1")
+        assert catalog.ready_workers(MODEL, "1") == [] and catalog.live_workers() == []
+        assert catalog.version_state(MODEL, "1") == "no worker"
+        last = catalog.last_worker(MODEL, "1")
+        assert last is not None and (last.worker_id, last.how) == ("w-b", "gone")
+        assert [(m, v) for m, v, _ in catalog.lost_since(last.lost_ms)] == [(MODEL, "1")]
+        # An answered probe: it counts again.
+        catalog.mark_alive("w-b")
+        assert catalog.is_ready(MODEL, "1") and catalog.last_worker(MODEL, "1") is None
+        assert catalog.lost_since(0) == []
+        # A newer heartbeat of a worker found gone: it counts again.
+        newer = _worker("w-a", {key: "ready"}, age_s=-0.05)
+        await workers.put("w-a", newer.model_dump_json().encode())
+        assert await catalog.wait_for(lambda: "w-a" not in catalog.gone, WAIT)
+        assert len(catalog.ready_workers(MODEL, "1")) == 2
+
+
 async def test_malformed_entries_are_ignored(
     js: JetStreamContext, caplog: pytest.LogCaptureFixture
 ) -> None:

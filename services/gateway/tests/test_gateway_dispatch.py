@@ -386,3 +386,42 @@ async def test_the_inbox_takes_reply_bundles_only(nats_client, dispatchers):
     finally:
         batcher.hold.set()
         await batcher.stop()
+
+
+async def test_fail_pending_answers_the_waiting_requests_of_one_version(nats_client, dispatchers):
+    """`Dispatcher.fail_pending` (a version lost its last worker, noworker.py): the
+    requests sent to it that wait for a reply, by deadline, and nothing else."""
+    batcher3 = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    batcher4 = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "4")).start()
+    d = await dispatchers("gw-lost", direct=True)
+    route = Route(model="fraud", stable="3", versions=["3", "4"])
+    now = time.time_ns()
+    try:
+        batcher3.hold.clear()
+        batcher4.hold.clear()
+
+        def send(rid: str, version: str, deadline_s: float) -> asyncio.Future:
+            envelope = Envelope(rid, "fraud", now + int(deadline_s * 1e9), version)
+            return asyncio.ensure_future(d.call(envelope, _tensors(), route=route))
+
+        soon, late, other = send("soon", "3", 5), send("late", "3", 20), send("other", "4", 5)
+        await asyncio.wait_for(batcher3.arrived.wait(), 5)
+        await asyncio.wait_for(batcher4.arrived.wait(), 5)
+        assert d.in_flight == 3
+        lost = Unavailable("model 'fraud' version '3': no worker serves it")
+        assert d.fail_pending("fraud", "3", now + 10 * 10**9, lost) == 1  # due within 10 s
+        with pytest.raises(Unavailable, match="no worker serves it"):
+            await soon
+        assert not late.done() and not other.done()
+        assert d.fail_pending("fraud", "3", None, lost) == 1  # all of them
+        with pytest.raises(Unavailable, match="no worker serves it"):
+            await late
+        assert d.fail_pending("fraud", "3", None, lost) == 0
+        batcher4.hold.set()
+        assert (await other).status == ""  # another version: answered by its worker
+        assert d.in_flight == 0
+    finally:
+        batcher3.hold.set()
+        batcher4.hold.set()
+        await batcher3.stop()
+        await batcher4.stop()

@@ -23,7 +23,7 @@ from inferbus_common.admission.keys import AdmissionKeys, connect_redis
 from inferbus_common.admission.limits import Limit, Scope, set_limit
 from inferbus_common.audit import decode_records
 from inferbus_common.catalog import Catalog as LiveCatalog
-from inferbus_common.catalog import DeployedVersion, Route
+from inferbus_common.catalog import DeployedVersion, LastWorker, Route, WorkerStatus
 from inferbus_common.codec import Tensor, tensor_from_numpy
 from inferbus_common.errors import (
     DeadlineExceeded,
@@ -45,6 +45,7 @@ from inferbus_gateway.admission import Admission, BreakerOpen
 from inferbus_gateway.canonical import InferRequest, InferResponse, ShmRef
 from inferbus_gateway.dispatch.dispatcher import Reply
 from inferbus_gateway.dispatch.idempotency import IdempotencyCache
+from inferbus_gateway.dispatch.noworker import NoLiveWorker
 from inferbus_gateway.observation.auditbatch import AuditBatches
 from inferbus_gateway.pipeline import (
     Admit,
@@ -97,6 +98,15 @@ class Catalog(LiveCatalog):
 
     def version_state(self, model: str, version: str) -> str:
         return self.state
+
+    def is_ready(self, model: str, version: str) -> bool:
+        return self.state == "ready"
+
+    def last_worker(self, model: str, version: str) -> LastWorker | None:
+        return None
+
+    def live_workers(self) -> list[WorkerStatus]:
+        return []
 
 
 class Dispatcher:
@@ -378,6 +388,18 @@ async def test_fallback_answers_load_failures_with_fixed_outputs_only() -> None:
     assert limited.degraded == "queue"
     with pytest.raises(InvalidArgument):
         await step(call, _raises(InvalidArgument("bad input")))  # not a load failure
+
+
+async def test_a_version_no_worker_serves_is_refused_at_once_or_answered_by_its_fallback() -> None:
+    dv = DeployedVersion(model="fraud", version="3", config=_config())
+    handler = _handler(Catalog(dv, state="no worker"), Dispatcher())
+    with pytest.raises(NoLiveWorker, match="model 'fraud' version '3': no worker serves it"):
+        await handler(InferCall.start(_request(), "grpc"))
+    config = _config(fallback={"outputs": {"score": [0.5, 0.5], "label": [0]}})
+    covered = DeployedVersion(model="fraud", version="3", config=config)
+    handler = _handler(Catalog(covered, state="no worker"), Dispatcher())
+    answer = await Fallback(handler)(InferCall.start(_request(), "grpc"), handler)
+    assert answer.degraded == "no-worker" and answer.version == "3"
 
 
 async def test_fallback_asks_the_backup_model_once_but_not_on_a_deadline() -> None:

@@ -97,7 +97,29 @@ def model_rows(state: StackState) -> tuple[list[dict[str, Any]], list[str]]:
             except grpc.RpcError as exc:
                 errors.append(f"gateway ModelReady {row['name']}: {rpc_error_text(exc, gateway)}")
                 break
+        reasons = version_reasons(stub)
+    for row in rows:
+        row["versions_reason"] = {
+            v: reasons[(row["name"], v)]
+            for v, ready in row["versions_ready"].items()
+            if not ready and (row["name"], v) in reasons
+        }
     return rows, errors
+
+
+def version_reasons(stub: Any) -> dict[tuple[str, str], str]:
+    """(model, version) → why it is not ready, from the gateway's repository index
+    (``no worker (last served by worker ... : ... s ago ...)``, ``loading``, ``failed:
+    ...``); empty when the gateway has no repository extension."""
+    try:
+        index = stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=RPC_TIMEOUT_S)
+    except grpc.RpcError:
+        return {}  # the extension is off (no registry URL): readiness alone
+    return {
+        (m.name, m.version): f"{m.state}: {m.reason}" if m.reason else m.state
+        for m in index.models
+        if m.state != "READY"
+    }
 
 
 def _state_text(row: dict[str, Any]) -> str:
@@ -177,6 +199,9 @@ def run(args: argparse.Namespace) -> int:
             for m in models
         ]
         print(format_table(["MODEL", "VERSIONS", "ALIASES", "READY", "VERSIONS READY"], mrows))
+        for m in models:
+            for version, reason in m.get("versions_reason", {}).items():
+                print(f"  {m['name']} {version}: {reason}")
     elif not errors:
         print("no models (push one with `inferbus models push`)")
     for error in errors:

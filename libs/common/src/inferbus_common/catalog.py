@@ -24,7 +24,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import nats.errors
 import nats.js.errors
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "Catalog",
     "DeployedVersion",
+    "LastWorker",
     "Route",
     "WorkerStatus",
     "ensure_kv",
@@ -110,6 +113,28 @@ async def ensure_kv(js: JetStreamContext, bucket: str, *, history: int = 5) -> K
             return await js.key_value(bucket)
 
 
+@dataclass(frozen=True, slots=True)
+class LastWorker:
+    """The last worker that served a version, and how it stopped serving it.
+
+    What a "no worker" answer tells the operator (`Catalog.last_worker`).
+    """
+
+    worker_id: str
+    host: str
+    pid: int
+    heartbeat_ms: int
+    """Wall-clock time of its last heartbeat (ms)."""
+    lost_ms: int
+    """When it stopped counting as serving the version (ms): found gone, its
+    record deleted, or its heartbeat older than the catalog's maximum age."""
+    how: str
+    """``gone`` (its NATS connection is gone: crashed or killed), ``stopped``
+    (it deleted its record: a graceful stop), ``unloaded`` (it no longer reports
+    the version ready) or ``stale`` (no heartbeat for the maximum age: hung,
+    partitioned, or died unseen)."""
+
+
 # What JetStream answers while a stream has no leader (an election on a cluster).
 _NOT_ANSWERING = (
     nats.errors.TimeoutError,
@@ -158,6 +183,16 @@ class Catalog:
         self.routes: dict[str, Route] = {}
         self.workers: dict[str, WorkerStatus] = {}
         self.pools: dict[str, PoolSpec] = {}
+        self.gone: dict[str, int] = {}
+        """Worker key → the heartbeat time (ms) of a worker found gone (`mark_gone`):
+        not counted as serving anything until a newer heartbeat or `mark_alive`."""
+        # "<model>/<version>" -> worker key -> heartbeat ts_ms, of the workers not
+        # found gone that report it ready (fresh or not), and the newest of them:
+        # `is_ready` is one dict lookup and a clock read on the request path.
+        self._ready_by: dict[str, dict[str, int]] = {}
+        self._serving: dict[str, tuple[int, str]] = {}
+        # "<model>/<version>" -> the worker that served it last, once it stopped.
+        self._last: dict[str, LastWorker] = {}
         # bucket -> (its watcher, the task following it)
         self._watches: dict[str, tuple[KeyValue.KeyWatcher, asyncio.Task[None]]] = {}
         # Tasks of replaced watchers, still stopping them.
@@ -360,11 +395,84 @@ class Catalog:
         self.routes[route.model] = route
 
     def _apply_worker(self, key: str, value: bytes | None) -> None:
+        old = self.workers.get(key)
         if value is None:
             self.workers.pop(key, None)
+            self.gone.pop(key, None)
+            self._index_worker(key, old, None, "stopped")
             return
         ws = WorkerStatus.model_validate_json(value)
         self.workers[key] = ws
+        if key in self.gone and ws.ts_ms > self.gone[key]:
+            del self.gone[key]  # heartbeats again: it reconnected, or a new life
+        self._index_worker(key, old, None if key in self.gone else ws, "stopped")
+
+    def mark_gone(self, key: str) -> bool:
+        """The worker of `key` is gone (its connection closed: a liveness probe got
+        "no responders"); it serves nothing until it heartbeats again.
+
+        Returns:
+            Whether this changed anything (it was not known gone already).
+        """
+        ws = self.workers.get(key)
+        if ws is None or key in self.gone:
+            return False
+        self.gone[key] = ws.ts_ms
+        self._index_worker(key, ws, None, "gone")
+        return True
+
+    def mark_alive(self, key: str) -> None:
+        """A worker found gone answers again (it had lost NATS for a moment)."""
+        if self.gone.pop(key, None) is not None:
+            ws = self.workers.get(key)
+            self._index_worker(key, None, ws, "stopped")
+
+    def _index_worker(
+        self, key: str, old: WorkerStatus | None, new: WorkerStatus | None, how: str
+    ) -> None:
+        """Keep `_serving` (the newest ready heartbeat per version) as the worker of
+        `key` goes from `old` to `new` (None: not counted); a version it was the
+        last to serve gets a `LastWorker` record saying `how` it went."""
+        keys = set(old.models) if old is not None else set()
+        if new is not None:
+            keys.update(new.models)
+        now_ms = int(time.time() * 1000)
+        max_age_ms = int(self._max_age * 1000)
+        for mv in keys:
+            had = self._serving.get(mv)
+            by = self._ready_by.get(mv)
+            if new is not None and new.models.get(mv) == READY:
+                if by is None:
+                    by = self._ready_by[mv] = {}
+                by[key] = new.ts_ms
+            elif by is not None:
+                by.pop(key, None)
+            if by:
+                best = max(by.items(), key=lambda kv: kv[1])
+                self._serving[mv] = (best[1], best[0])
+            else:
+                self._ready_by.pop(mv, None)
+                self._serving.pop(mv, None)
+            now = self._serving.get(mv)
+            if (
+                had is None
+                or had[1] != key
+                or old is None
+                or (now is not None and now[1] == key)
+                or (now is not None and now_ms - now[0] <= max_age_ms)
+            ):
+                continue  # not the worker that served it last, or it is still served
+            # The last live worker of `mv` stopped serving it (the others left
+            # in the index, if any, are stale).
+            fresh = now_ms - had[0] <= max_age_ms
+            self._last[mv] = LastWorker(
+                old.worker_id,
+                old.host,
+                old.pid,
+                had[0],
+                now_ms if fresh else had[0] + max_age_ms,
+                ("unloaded" if new is not None else how) if fresh else "stale",
+            )
 
     def _apply_pool(self, key: str, value: bytes | None) -> None:
         if value is None:
@@ -412,37 +520,75 @@ class Catalog:
         except NotFound:
             return None
 
+    def live_workers(self) -> list[WorkerStatus]:
+        """Workers with a fresh heartbeat that are not known gone (`mark_gone`)."""
+        return [
+            w for k, w in self.workers.items() if k not in self.gone and w.is_fresh(self._max_age)
+        ]
+
     def ready_workers(self, model: str, version: str) -> list[WorkerStatus]:
         """Live workers that report (`model`, `version`) ready."""
         key = f"{model}/{version}"
-        return [
-            w
-            for w in self.workers.values()
-            if w.models.get(key) == "ready" and w.is_fresh(self._max_age)
-        ]
+        return [w for w in self.live_workers() if w.models.get(key) == READY]
 
     def version_stats(self, model: str, version: str) -> list[ModelStats]:
         """The statistics live workers report for (`model`, `version`), one per worker."""
         key = f"{model}/{version}"
-        return [
-            w.stats[key]
-            for w in self.workers.values()
-            if key in w.stats and w.is_fresh(self._max_age)
-        ]
+        return [w.stats[key] for w in self.live_workers() if key in w.stats]
 
     def version_state(self, model: str, version: str) -> str:
-        """``ready`` if a live worker serves it, else the most telling worker state."""
+        """``ready`` if a live worker serves it, else the most telling worker state
+        (``no worker`` when no live worker reports it at all)."""
         key = f"{model}/{version}"
-        states = [
-            w.models[key]
-            for w in self.workers.values()
-            if key in w.models and w.is_fresh(self._max_age)
-        ]
+        if self._ready_now(key):
+            return READY
+        states = [w.models[key] for w in self.live_workers() if key in w.models]
         return summarize_states(states)
 
     def is_ready(self, model: str, version: str) -> bool:
-        """Whether a live worker reports (`model`, `version`) ready (stops at the first)."""
+        """Whether a live worker reports (`model`, `version`) ready: O(1), one dict
+        lookup and a clock read (the index is kept as heartbeats arrive)."""
+        return self._ready_now(f"{model}/{version}")
+
+    def _ready_now(self, key: str) -> bool:
+        serving = self._serving.get(key)
+        return serving is not None and time.time() * 1000 - serving[0] <= self._max_age * 1000
+
+    @property
+    def heartbeat_max_age_s(self) -> float:
+        """A worker whose heartbeat is older is not live."""
+        return self._max_age
+
+    def lost_since(self, since_ms: float) -> list[tuple[str, str, LastWorker]]:
+        """(model, version, its last worker) of each version no live worker serves
+        that lost its last one at or after `since_ms` (ms). O(versions)."""
+        out: list[tuple[str, str, LastWorker]] = []
+        for key in dict.fromkeys([*self._serving, *self._last]):
+            model, _, version = key.rpartition("/")
+            last = self.last_worker(model, version)
+            if last is not None and last.lost_ms >= since_ms:
+                out.append((model, version, last))
+        return out
+
+    def last_worker(self, model: str, version: str) -> LastWorker | None:
+        """The last worker that served (`model`, `version`) when none serves it now
+        (None: one serves it, or none did since this catalog started). O(1)."""
         key = f"{model}/{version}"
-        return any(
-            w.models.get(key) == READY and w.is_fresh(self._max_age) for w in self.workers.values()
-        )
+        serving = self._serving.get(key)
+        last = self._last.get(key)
+        if serving is not None:
+            if self._ready_now(key):
+                return None
+            # Its newest ready heartbeat is too old: stale since heartbeat + max age.
+            lost_ms = serving[0] + int(self._max_age * 1000)
+            if last is None or last.lost_ms < lost_ms:
+                ws = self.workers.get(serving[1])
+                return LastWorker(
+                    ws.worker_id if ws is not None else serving[1],
+                    ws.host if ws is not None else "",
+                    ws.pid if ws is not None else 0,
+                    serving[0],
+                    lost_ms,
+                    "stale",
+                )
+        return last

@@ -148,6 +148,9 @@ class WorkerStatus(BaseModel):
     stats: dict[str, ModelStats] = Field(default_factory=dict)
     """``"<model>/<version>"`` → cumulative inference statistics of the versions it
     serves (Triton's statistics extension sums them over live workers)."""
+    alive_subject: str = ""
+    """Subject the worker answers liveness probes on (`Subjects.alive`; '' = it does
+    not, a worker from before them): gateways ask it to learn of a crash at once."""
 
     def is_fresh(self, max_age_s: float) -> bool:
         """Whether the heartbeat is recent enough to trust."""

@@ -113,6 +113,8 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
             f"{p}.audit.>",
             f"{p}.gencancel.>",
             f"{p}.loadhint.>",
+            # Liveness probes of workers (a crashed worker is known at once).
+            f"{p}.alive.>",
             # Stateful models: requests straight to the worker holding the sequence.
             subjects.sequence_all,
             subjects.sequence_locate_all,
@@ -131,6 +133,8 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
         pub += [
             replies,
             f"{p}.idle.>",
+            # Its start-up check that liveness probes reach it (versionhost.py).
+            f"{p}.alive.>",
             f"$KV.{subjects.workers_bucket}.>",
             *batch_stream_api,
             f"$JS.API.CONSUMER.CREATE.{batches}.>",
@@ -139,7 +143,13 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
             f"$JS.API.CONSUMER.MSG.NEXT.{batches}.>",
             f"$JS.ACK.{batches}.>",
         ]
-        sub += [f"{p}.events.>", f"{p}.loadhint.>", f"{p}.gen.>", f"{p}.gencancel.>"]
+        sub += [
+            f"{p}.events.>",
+            f"{p}.loadhint.>",
+            f"{p}.gen.>",
+            f"{p}.gencancel.>",
+            f"{p}.alive.>",
+        ]
         if role == "worker":
             sub += [subjects.sequence_all, subjects.sequence_locate_all]
         if role == "llm":

@@ -133,6 +133,11 @@ class Subjects:
             f"{subject_token(model)}.{subject_token(version)}"
         )
 
+    def alive(self, worker: str) -> str:
+        """Gateway → one worker: are you there? (An empty answer; nats-server's "no
+        responders" says the worker's connection is gone: it died.)"""
+        return f"{self.prefix}.alive.{subject_token(worker)}"
+
     def sequence_locate(self, model: str, version: str) -> str:
         """Gateway → every worker of a version: which of you holds this sequence?"""
         return f"{self.prefix}.seqwho.{subject_token(model)}.{subject_token(version)}"

@@ -26,6 +26,7 @@ from inferbus_gateway.admission import Admission
 from inferbus_gateway.dispatch.dispatcher import Dispatcher
 from inferbus_gateway.dispatch.idempotency import IdempotencyCache
 from inferbus_gateway.dispatch.lazyload import LazyLoader
+from inferbus_gateway.dispatch.noworker import WorkerWatch
 from inferbus_gateway.generation import GenerationDispatcher, GenerationService
 from inferbus_gateway.grpc_api.servicer import GRPCInferenceServicer
 from inferbus_gateway.grpc_api.tolerant import add_servicer_to_server
@@ -112,6 +113,15 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                 bundle_busy_cpu=settings.bundle_busy_cpu,
             )
             await dispatcher.start()
+            await stack.enter_async_context(
+                WorkerWatch(
+                    nc,
+                    catalog,
+                    dispatcher.fail_pending,
+                    interval_s=settings.worker_probe_interval_s,
+                    grace_s=settings.no_worker_grace_s,
+                )
+            )
             gen_dispatcher = GenerationDispatcher(nc, subjects, instance)
             await gen_dispatcher.start()
             generation = GenerationService(
@@ -125,7 +135,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                 catalog,
                 Dispatch(catalog, dispatcher, SequenceRouter(nc, catalog, subjects)),
                 default_timeout_s=settings.default_timeout_s,
-                readiness=Readiness(catalog, lazy),
+                readiness=Readiness(catalog, lazy, no_worker_grace_s=settings.no_worker_grace_s),
             )
             service = InferenceService(
                 nc,

@@ -186,6 +186,17 @@ class GatewaySettings(ServiceSettings):
     """Heartbeat: limits reload, live-gateway count and Redis recovery check."""
     ratelimit_gateway_ttl_s: float = Field(default=3.0, gt=0)
     """A gateway whose heartbeat is older than this is not counted as live."""
+    no_worker_grace_s: float = Field(default=0.0, ge=0)
+    """A request for a version no live worker serves is answered UNAVAILABLE ("no
+    live worker") at once, unless the version lost its last worker less than this
+    long ago and the request's deadline reaches past the end of this grace: it then
+    waits for a worker until the grace ends (a restart that may come back in time).
+    0: always answer at once. Also applies to requests already sent to the version."""
+    worker_probe_interval_s: float = Field(default=0.25, ge=0)
+    """How often each worker is probed on its liveness subject: nats-server answers
+    "no responders" for a worker whose connection closed, so a crashed worker is
+    known within about this long (0: off; crashes are then known when the heartbeat
+    goes stale, 15 s)."""
     breaker_enabled: bool = True
     """Per-model circuit breakers."""
     breaker_window_s: float = Field(default=10.0, gt=0)

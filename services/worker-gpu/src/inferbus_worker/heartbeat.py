@@ -94,6 +94,8 @@ class Heartbeat:
         self.joined_unix_ms = time.time_ns() // 1_000_000
         self.admission = ""
         self.changed = asyncio.Event()
+        self.alive_subject = ""
+        """Where it answers liveness probes (`WorkerStatus.alive_subject`; '' = none yet)."""
 
     @property
     def key(self) -> str:
@@ -122,6 +124,7 @@ class Heartbeat:
             admitted=not self.admission,
             reason=self.admission,
             stats=self._stats() if self._stats is not None else {},
+            alive_subject=self.alive_subject,
         )
 
     def update_admission(self, catalog: Catalog) -> bool:

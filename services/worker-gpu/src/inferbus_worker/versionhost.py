@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any, Generic, Protocol, Self, TypeVar
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 from prometheus_client import Counter
@@ -36,7 +37,7 @@ from inferbus_common.settings import NatsAuth
 from inferbus_common.signing import SignatureError, parse_trusted_keys, signed_payload, verify
 from inferbus_common.subjects import Subjects
 from inferbus_worker.artifacts import ArtifactCache, DigestMismatch
-from inferbus_worker.heartbeat import Heartbeat, VersionKey, wait_event
+from inferbus_worker.heartbeat import NATS_ERRORS, Heartbeat, VersionKey, wait_event
 from inferbus_worker.hostspec import HostSpec
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,13 @@ def failure_state(exc: BaseException) -> str:
     """The version state a load failure leaves: `REJECTED` for good, else `FAILED`."""
     permanent = isinstance(exc, InferbusError) and exc.code in PERMANENT_CODES
     return f"{REJECTED if permanent else FAILED}{describe_failure(exc)}"
+
+
+async def _answer_alive(msg: Msg) -> None:
+    """Answer a gateway's liveness probe (`Subjects.alive`)."""
+    if msg.reply:
+        with contextlib.suppress(*NATS_ERRORS):
+            await msg.respond(b"")
 
 
 class VersionHost(abc.ABC, Generic[S]):
@@ -197,6 +205,25 @@ class VersionHost(abc.ABC, Generic[S]):
         await self._catalog.wait_loaded()
         self._catalog_loaded = True
         await self.heartbeat.detect()
+        # Liveness probes (gateways): answered with nothing. When this process
+        # dies its connection closes and nats-server answers the next probe "no
+        # responders", so gateways learn of a crash in a fraction of a second
+        # instead of waiting for the heartbeat to go stale.
+        alive = self.subjects.alive(self.instance_id)
+        await self._nc.subscribe(alive, cb=_answer_alive)
+        try:
+            # Advertised only once a probe reaches it: were the subscription
+            # refused (NATS permissions from an older release), every probe would
+            # get "no responders" and gateways would take this live worker for dead.
+            await self._nc.request(alive, b"", timeout=2.0)
+            self.heartbeat.alive_subject = alive
+        except NATS_ERRORS as exc:  # nats-py: its TimeoutError, NoRespondersError
+            log.warning(
+                "liveness probes do not reach this worker on %s (%r); gateways will learn "
+                "of its crash from its heartbeat only",
+                alive,
+                exc,
+            )
         await self._started(self._nc)
         self._own(self.heartbeat.run(self._workers_kv, lambda: self._closed), "heartbeat")
         self._own(self._reconcile_loop(), "reconcile")

@@ -33,6 +33,7 @@ from inferbus_common.errors import (
     Internal,
     Unavailable,
 )
+from inferbus_gateway.dispatch.noworker import NoLiveWorker
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,10 @@ def counts_as_failure(exc: BaseException | None) -> bool | None:
         return False
     if isinstance(exc, BreakerOpen | asyncio.CancelledError):
         return None  # our own refusal says nothing new about the model
+    if isinstance(exc, NoLiveWorker):
+        # Known cause, answered at once: an open breaker would only hide it (and
+        # hold the model's traffic back for its cool-down once a worker is back).
+        return None
     if isinstance(exc, Unavailable | DeadlineExceeded | Internal):
         return True
     if isinstance(exc, InferbusError):

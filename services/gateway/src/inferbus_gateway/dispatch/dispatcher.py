@@ -346,6 +346,32 @@ class Dispatcher:
             if waiting is not None and not waiting.fut.done():
                 waiting.fut.set_exception(exc)
 
+    def fail_pending(
+        self, model: str, version: str, before_ns: int | None, error: InferbusError
+    ) -> int:
+        """Answer `error` to the sent requests for `model` pinned to `version` that
+        wait for their reply, those whose deadline is before `before_ns` (None:
+        all). For a version that lost its last worker (`noworker.WorkerWatch`);
+        O(requests waiting), run a few times per lost version, never per request.
+        Requests the router chooses a version for (a stable/canary split) are not
+        pinned here and wait for their deadline.
+
+        Returns:
+            How many were answered.
+        """
+        hit = [
+            token
+            for token, waiting in self._pending.items()
+            if waiting.request.envelope.version == version
+            and waiting.request.envelope.model == model
+            and (before_ns is None or waiting.request.envelope.deadline_ns < before_ns)
+        ]
+        for token in hit:
+            waiting = self._pending.pop(token)
+            if not waiting.fut.done():
+                waiting.fut.set_exception(error)
+        return len(hit)
+
     # --- requests --------------------------------------------------------------
     async def call(
         self,

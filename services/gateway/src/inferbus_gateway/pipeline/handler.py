@@ -29,6 +29,7 @@ from inferbus_common.versionnumbers import check_version_text
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.dispatch.dispatcher import Dispatcher, Reply
 from inferbus_gateway.dispatch.lazyload import LazyLoader
+from inferbus_gateway.dispatch.noworker import no_worker_error, wait_for_worker_s
 from inferbus_gateway.pipeline.call import InferCall
 from inferbus_gateway.triton.sequences import SequenceRouter, check_sequence_request
 
@@ -54,20 +55,30 @@ def resolve_version(catalog: Catalog, model: str, version: str = "") -> Deployed
 class Readiness:
     """A request goes only to a version its workers serve; a lazy version is loaded first.
 
+    A version no live worker serves is answered at once (`noworker.NoLiveWorker`,
+    naming the version and its last worker), unless the rule of
+    `noworker.wait_for_worker_s` lets the request wait for one: then it waits
+    here until the version is ready again or the grace ends.
+
     Args:
         catalog: live catalog (each version's state).
         lazy: load hints for ``load_policy: lazy`` versions (None: lazy versions
             are refused as not ready).
+        no_worker_grace_s: see `noworker.wait_for_worker_s` (0: never wait).
     """
 
-    def __init__(self, catalog: Catalog, lazy: LazyLoader | None = None) -> None:
+    def __init__(
+        self, catalog: Catalog, lazy: LazyLoader | None = None, *, no_worker_grace_s: float = 0.0
+    ) -> None:
         self._catalog = catalog
         self._lazy = lazy
+        self._grace_s = no_worker_grace_s
 
     def ready_now(self, dv: DeployedVersion) -> bool:
         """`dv` is ready and `wait` has nothing to do for it (no lazy version of
-        its route to hint): the request goes on without a coroutine of its own."""
-        if self._catalog.version_state(dv.model, dv.version) != "ready":
+        its route to hint): the request goes on without a coroutine of its own.
+        O(1): `Catalog.is_ready` is an index lookup."""
+        if not self._catalog.is_ready(dv.model, dv.version):
             return False
         if self._lazy is None:
             return True
@@ -85,9 +96,10 @@ class Readiness:
             FailedPrecondition: its workers refuse the version for good.
         """
         state = self._catalog.version_state(dv.model, dv.version)
+        lazy = dv.config.load_policy == "lazy"
         if self._lazy is not None:
             await self._lazy.hint_traffic(dv.model)  # lazy canary/shadow versions
-            if state != "ready" and dv.config.load_policy == "lazy":
+            if state != "ready" and lazy:
                 # The first request of a lazy version triggers its load (lazyload.py).
                 t_wait = time.perf_counter()
                 state = await self._lazy.request_wait(dv.model, dv.version, timeout_s)
@@ -97,6 +109,22 @@ class Readiness:
                         f"model '{dv.model}' version '{dv.version}' is loading "
                         f"(load_policy lazy; {state}); retry in a few seconds"
                     )
+        if state != "ready" and not is_rejected(state) and not lazy and self._grace_s > 0:
+            # No live worker serves it: wait only while one may come back in time.
+            wait_s = wait_for_worker_s(
+                self._catalog.last_worker(dv.model, dv.version),
+                now_ms=time.time() * 1000,
+                timeout_s=timeout_s,
+                grace_s=self._grace_s,
+            )
+            if wait_s > 0:
+                t_wait = time.perf_counter()
+                model, version = dv.model, dv.version
+                await self._catalog.wait_for(lambda: self._catalog.is_ready(model, version), wait_s)
+                timeout_s = max(0.001, timeout_s - (time.perf_counter() - t_wait))
+                state = self._catalog.version_state(dv.model, dv.version)
+        if state == "no worker":
+            raise no_worker_error(self._catalog, dv.model, dv.version, dv.config.pool)
         if state != "ready":
             # FAILED_PRECONDITION for a version its workers refuse for good, else UNAVAILABLE.
             raise not_ready_error(dv.model, dv.version, state)

@@ -38,6 +38,7 @@ from inferbus_common.loopmetrics import LoopCounter, LoopHistogram
 from inferbus_gateway.admission import Admission, BreakerOpen, fallback_outputs
 from inferbus_gateway.canonical import InferRequest, InferResponse
 from inferbus_gateway.dispatch.idempotency import IdempotencyCache
+from inferbus_gateway.dispatch.noworker import NoLiveWorker
 from inferbus_gateway.observation.auditbatch import AuditBatches
 from inferbus_gateway.pipeline.call import Closable, Handler, InferCall
 from inferbus_gateway.pipeline.handler import InferHandler
@@ -290,6 +291,8 @@ class Fallback:
             reason = exc.reason or "limited"
         elif isinstance(exc, DeadlineExceeded):
             reason = "deadline"
+        elif isinstance(exc, NoLiveWorker):
+            reason = "no-worker"
         elif isinstance(exc, Unavailable):
             reason = "unavailable"
         else:

@@ -27,6 +27,7 @@ from inferbus_common.errors import (
 )
 from inferbus_common.registrychannel import registry_channel
 from inferbus_gateway.dispatch.lazyload import LazyLoader
+from inferbus_gateway.dispatch.noworker import last_worker_text
 from inferbus_proto.registry import registry_pb2, registry_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -229,6 +230,10 @@ class RepositoryExtension:
             return IndexEntry(name, version, READY, f"aliases: {', '.join(aliases)}")
         if state.startswith("loading"):
             return IndexEntry(name, version, LOADING, state)
+        if state == "no worker":
+            # The same words as a request's answer (noworker.py): who served it last.
+            last = last_worker_text(self._catalog, name, version, time.time() * 1000)
+            return IndexEntry(name, version, UNAVAILABLE, f"no worker ({last})" if last else state)
         return IndexEntry(name, version, UNAVAILABLE, state)
 
     async def load(self, headers: Mapping[str, str], model: str, params: Mapping[str, Any]) -> str:
