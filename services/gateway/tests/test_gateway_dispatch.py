@@ -444,9 +444,7 @@ async def test_fast_lane_takes_lone_requests_on_plain_routes(nats_client, dispat
             await sub.stop()
 
 
-async def test_fast_lane_refused_or_unserved_goes_the_normal_way_at_once(
-    nats_client, dispatchers
-):
+async def test_fast_lane_refused_or_unserved_goes_the_normal_way_at_once(nats_client, dispatchers):
     batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
     fast = await dispatchers("gw-fast-fb", direct=True, fast_lane=True, fast_lane_retry_s=30.0)
     plain = Route(model="fraud", stable="3")
@@ -462,9 +460,7 @@ async def test_fast_lane_refused_or_unserved_goes_the_normal_way_at_once(
             reply = await asyncio.wait_for(_call(fast, plain, value=4.0), 5)
             assert decode_tensors(reply.frame)[0].as_numpy()[0, 0] == 4.0
             assert len(worker.seen) == 1 and len(batcher.seen) == 2
-            assert (
-                worker.bundles[0].requests[0].token == batcher.bundles[1].requests[0].token
-            )
+            assert worker.bundles[0].requests[0].token == batcher.bundles[1].requests[0].token
         finally:
             await worker.stop()
         assert time.monotonic() - t0 < 5  # neither waited for the 30 s retry
