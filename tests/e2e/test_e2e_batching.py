@@ -11,6 +11,11 @@ import tritonclient.grpc.aio as grpcaio
 
 pytestmark = pytest.mark.integration
 
+# The batcher's batching is what is counted here: without the fast lane, whose lone
+# requests (the first of a burst, sent before others are in flight) skip the batcher
+# (tests/e2e/test_e2e_fast_lane.py).
+STACK_ENV = {"INFERBUS_GATEWAY_FAST_LANE": "false"}
+
 
 def _sum(metrics: dict[str, float], prefix: str) -> float:
     return sum(v for k, v in metrics.items() if k.startswith(prefix))

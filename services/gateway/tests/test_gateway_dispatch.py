@@ -425,3 +425,117 @@ async def test_fail_pending_answers_the_waiting_requests_of_one_version(nats_cli
         batcher4.hold.set()
         await batcher3.stop()
         await batcher4.stop()
+class FakeFastWorker(FakeBatcher):
+    """A worker on the fast lane: answers like `FakeBatcher` (``mode="answer"``),
+    refuses (``"busy"``), keeps requests alive with empty messages on their reply
+    subject until released (``"keepalive"``), or says nothing (``"silent"``)."""
+
+    def __init__(self, nc, subject: str, mode: str = "answer") -> None:
+        super().__init__(nc, subject)
+        self.mode = mode
+        self.release = asyncio.Event()
+
+    async def _on_msg(self, msg) -> None:
+        bundle = decode_request_bundle(msg.data)
+        self.seen.append((msg.subject, bundle))
+        if self.mode == "busy":
+            await self.nc.publish(msg.reply, b"busy")
+        elif self.mode == "answer":
+            await self._answer(bundle)
+        elif self.mode == "keepalive":
+            task = asyncio.ensure_future(self._keep(msg.reply, bundle))
+            self._answers.add(task)
+            task.add_done_callback(self._answers.discard)
+
+    async def _keep(self, reply: str, bundle: RequestBundle) -> None:
+        while not self.release.is_set():
+            await self.nc.publish(reply, b"")
+            await asyncio.sleep(0.03)
+        await self._answer(bundle)
+
+
+async def test_fast_lane_takes_lone_requests_on_plain_routes(nats_client, dispatchers):
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    router = await FakeBatcher(nats_client, SUBJECTS.route("fraud")).start()
+    worker = await FakeFastWorker(nats_client, SUBJECTS.fast("fraud", "3")).start()
+    fast = await dispatchers("gw-fast", direct=True, fast_lane=True)
+    off = await dispatchers("gw-fast-off", direct=True)
+    try:
+        plain = Route(model="fraud", stable="3")
+        reply = await _call(fast, plain, value=2.0)
+        assert reply.version == "3" and not reply.status
+        assert decode_tensors(reply.frame)[0].as_numpy()[0, 0] == 2.0
+        assert len(worker.seen) == 1 and not batcher.seen
+        await _call(fast, plain, version="3")  # a pin decided here: the lane too
+        assert len(worker.seen) == 2
+        # A canary taking traffic: the router decides, never the lane.
+        await _call(fast, Route(model="fraud", stable="3", canary="4", canary_weight=20))
+        assert len(router.seen) == 1 and len(worker.seen) == 2
+        await _call(off, plain)  # lane off: the batcher
+        assert len(batcher.seen) == 1 and len(worker.seen) == 2
+        # Several in flight at once (one loop turn: one bundle of three): not lone.
+        await asyncio.gather(*(_call(fast, plain, request_id=f"r{i}") for i in range(3)))
+        assert len(batcher.seen) == 2 and len(worker.seen) == 2
+    finally:
+        for sub in (batcher, router, worker):
+            await sub.stop()
+
+
+async def test_fast_lane_refused_or_unserved_goes_the_normal_way_at_once(nats_client, dispatchers):
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    fast = await dispatchers("gw-fast-fb", direct=True, fast_lane=True, fast_lane_retry_s=30.0)
+    plain = Route(model="fraud", stable="3")
+    try:
+        # No worker on the lane: nats-server's no responders, then the batcher.
+        t0 = time.monotonic()
+        reply = await asyncio.wait_for(_call(fast, plain, value=1.0), 5)
+        assert decode_tensors(reply.frame)[0].as_numpy()[0, 0] == 1.0
+        assert len(batcher.seen) == 1
+        # A busy worker refuses: the same bundle (same token) goes to the batcher.
+        worker = await FakeFastWorker(nats_client, SUBJECTS.fast("fraud", "3"), "busy").start()
+        try:
+            reply = await asyncio.wait_for(_call(fast, plain, value=4.0), 5)
+            assert decode_tensors(reply.frame)[0].as_numpy()[0, 0] == 4.0
+            assert len(worker.seen) == 1 and len(batcher.seen) == 2
+            assert worker.bundles[0].requests[0].token == batcher.bundles[1].requests[0].token
+        finally:
+            await worker.stop()
+        assert time.monotonic() - t0 < 5  # neither waited for the 30 s retry
+    finally:
+        await batcher.stop()
+
+
+async def test_fast_lane_retries_a_silent_worker_and_keeps_the_first_answer(
+    nats_client, dispatchers
+):
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    fast = await dispatchers("gw-fast-rt", direct=True, fast_lane=True, fast_lane_retry_s=0.1)
+    plain = Route(model="fraud", stable="3")
+    worker = await FakeFastWorker(nats_client, SUBJECTS.fast("fraud", "3"), "silent").start()
+    try:
+        # Silent (a dead worker): after the retry time the batcher answers.
+        t0 = time.monotonic()
+        reply = await asyncio.wait_for(_call(fast, plain, value=5.0), 5)
+        assert 0.09 < time.monotonic() - t0 < 2
+        assert decode_tensors(reply.frame)[0].as_numpy()[0, 0] == 5.0
+        assert len(worker.seen) == 1 and len(batcher.seen) == 1
+        # Keep-alives (a long run): no retry, the worker's answer is the one.
+        worker.mode = "keepalive"
+        call = asyncio.ensure_future(_call(fast, plain, value=6.0))
+        await asyncio.sleep(0.4)  # four retry times
+        assert not call.done() and len(batcher.seen) == 1
+        worker.release.set()
+        reply = await asyncio.wait_for(call, 5)
+        assert decode_tensors(reply.frame)[0].as_numpy()[0, 0] == 6.0
+        assert len(batcher.seen) == 1
+        # The silent worker answers after all (it was only slow): the caller had its
+        # one answer from the batcher; this one is dropped as a duplicate.
+        before = DUPLICATE_REPLIES.value
+        await worker._answer(worker.bundles[0])
+        for _ in range(100):
+            if DUPLICATE_REPLIES.value > before:
+                break
+            await asyncio.sleep(0.01)
+        assert DUPLICATE_REPLIES.value == before + 1
+    finally:
+        await batcher.stop()

@@ -86,6 +86,11 @@ class Subjects:
         """Wildcard the batcher subscribes to."""
         return f"{self.prefix}.infer.*.*"
 
+    def fast(self, model: str, version: str) -> str:
+        """Gateway → idle workers: the fast lane of a model version (core NATS, worker
+        queue group; a lone request on a plain route, see docs/architecture.md)."""
+        return f"{self.prefix}.fast.{subject_token(model)}.{subject_token(version)}"
+
     def batch(self, pool: str, model: str, version: str) -> str:
         """Batcher → workers: JetStream work-queue subject for micro-batches."""
         return (

@@ -131,6 +131,16 @@ class GatewaySettings(ServiceSettings):
     docs/architecture.md, step 2). Off: every request goes through the router (its
     metrics and spans then count all traffic)."""
 
+    fast_lane: bool = True
+    """On direct dispatch, send a lone request (nothing else in flight here) to the
+    version's idle workers over core NATS first (the fast lane; a busy worker refuses
+    and the request goes through the batcher at once; docs/architecture.md)."""
+    fast_lane_retry_s: float = Field(default=0.5, gt=0)
+    """A fast-lane request with neither an answer nor a worker keep-alive this long is
+    sent again the normal way (same request, first answer kept): a killed worker."""
+    fast_lane_max_in_flight: int = Field(default=1, ge=1)
+    """The fast lane applies while at most this many requests are in flight here."""
+
     bundle_busy_cpu: float = Field(default=0.9, ge=0.0, le=2.0)
     """Busy share of the machine's CPUs (or of the cgroup's CPU quota), or of the
     gateway's own event-loop thread, whichever is higher (read every 100 ms, averaged),

@@ -42,6 +42,7 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from opentelemetry.trace import Link, Span
@@ -59,6 +60,7 @@ from inferbus_worker import metrics
 from inferbus_worker.answering import Answering
 from inferbus_worker.engines import Engine, EngineError, EngineInputError, PermanentEngineError
 from inferbus_worker.execution import EngineExecution, InlineRuns, runs_on_gpu
+from inferbus_worker.fastlane import FastLane
 from inferbus_worker.microbatch import ReplyContext, gather_inputs, split_expired
 from inferbus_worker.processing import Processing
 from inferbus_worker.pull import PullConsumer
@@ -72,7 +74,7 @@ BATCH_SPAN = "inferbus.worker.batch"
 REQUEST_SPAN = "inferbus.worker.request"
 
 
-class ModelRunner(PullLoop, EngineExecution, Answering):
+class ModelRunner(PullLoop, FastLane, EngineExecution, Answering):
     """Pulls and computes the micro-batches of one model version.
 
     Args:
@@ -122,6 +124,7 @@ class ModelRunner(PullLoop, EngineExecution, Answering):
         self._held: dict[int, tuple[Msg, float]] = {}
         """Micro-batches being worked on (id() → message, monotonic time taken)."""
         self._keepalive_task: asyncio.Task[None] | None = None
+        self._fast_sub: Subscription | None = None
         self._reply_ctx = ReplyContext(deployed.version, deployed.digest)
         self._batch_rule = BatchRule.of(deployed.config)
         self._outputs = [s.name for s in deployed.config.outputs]
@@ -171,6 +174,12 @@ class ModelRunner(PullLoop, EngineExecution, Answering):
         self._puller = PullConsumer(self._nc, self._subjects.batch_stream, self.consumer)
         await self._puller.start()
         self._pull_task = asyncio.create_task(self._pull_loop(), name=f"pull-{self.consumer}")
+        if self._settings.fast_lane:
+            self._fast_sub = await self._nc.subscribe(
+                self._subjects.fast(self.deployed.model, self.deployed.version),
+                queue="workers",
+                cb=self._on_fast,
+            )
         self._keepalive_task = asyncio.create_task(
             self._keepalive(), name=f"keepalive-{self.consumer}"
         )
@@ -180,6 +189,10 @@ class ModelRunner(PullLoop, EngineExecution, Answering):
     async def stop(self) -> None:
         """Drain: stop pulling, finish and ack in-flight batches, close the engine."""
         self._stopping.set()
+        if self._fast_sub is not None:
+            with contextlib.suppress(*NATS_ERRORS):
+                await self._fast_sub.unsubscribe()
+            self._fast_sub = None
         for gauge in (metrics.EXECUTION_SLOTS, metrics.BUSY_SLOTS):
             with contextlib.suppress(KeyError):
                 gauge.remove(self.deployed.model, self.deployed.version)

@@ -55,6 +55,10 @@ class WorkerSettings(ServiceSettings):
     """A pull that finds no batch for this long tells the batchers this worker is
     idle (they then send waiting requests at once instead of filling a batch). A
     worker whose next batch is already queued sends no signal."""
+    fast_lane: bool = True
+    """Take lone requests straight from gateways over core NATS while an execution slot
+    is free (the fast lane, ``inferbus_worker.fastlane``); a busy worker refuses them
+    and they go through the batcher and the work queue."""
     max_merge_batches: int = Field(default=32, ge=1)
     """Most waiting micro-batches joined into one engine execution (1 disables merging)."""
     inline_run_max_us: float = Field(default=300.0, ge=0)

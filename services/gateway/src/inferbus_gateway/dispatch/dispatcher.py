@@ -86,6 +86,15 @@ IN_FLIGHT = LoopGauge(
     "inferbus_gateway_dispatch_in_flight",
     "Requests sent into the platform (or waiting in an open bundle) and not answered yet.",
 )
+FAST_LANE_SENT = LoopCounter(
+    "inferbus_gateway_fast_lane_sent_total",
+    "Lone requests sent on the fast lane (straight to an idle worker over core NATS).",
+)
+FAST_LANE_FALLBACKS = LoopCounter(
+    "inferbus_gateway_fast_lane_fallbacks_total",
+    "Fast-lane requests sent again the normal way (worker busy, no worker subscribed, "
+    "or no answer nor keep-alive within fast_lane_retry_s).",
+)
 CPU_BUSY = Gauge(
     "inferbus_gateway_cpu_busy",
     "Busy share (moving average) of the machine's CPUs, the cgroup's quota or the "
@@ -93,6 +102,9 @@ CPU_BUSY = Gauge(
     "collect requests for the bundle window.",
 )
 
+
+_FAST_BUSY = b"busy"
+"""A worker's refusal on a fast-lane request's reply subject (`inferbus_worker.fastlane`)."""
 
 _MAX_SUBJECTS = 1024
 """(model, pinned version) pairs whose subject is kept (beyond it they start over)."""
@@ -209,6 +221,15 @@ class Dispatcher:
         busy: tells whether CPU is what limits (default: a `CpuLoad` of this
             process, from `bundle_busy_cpu` on).
         bundle_busy_cpu: busy share from which the default `busy` says yes.
+        fast_lane: send a lone request on a plain route (a bundle of one, with at
+            most `fast_lane_max_in_flight` requests in flight here) to the version's
+            idle workers over core NATS (``Subjects.fast``) first; a refusal or no
+            responders sends the same bundle the normal way at once.
+        fast_lane_retry_s: a fast-lane request with neither an answer nor a worker's
+            keep-alive for this long is sent the normal way too (a dead worker);
+            the first answer per token wins.
+        fast_lane_max_in_flight: the fast lane applies while at most this many
+            requests (the new one included) are in flight at this gateway.
     """
 
     def __init__(
@@ -222,7 +243,16 @@ class Dispatcher:
         bundle_max_requests: int = 256,
         busy: Callable[[], bool] | None = None,
         bundle_busy_cpu: float = 0.9,
+        fast_lane: bool = False,
+        fast_lane_retry_s: float = 0.5,
+        fast_lane_max_in_flight: int = 1,
     ) -> None:
+        self._fast_lane = fast_lane and direct
+        self._fast_retry_s = fast_lane_retry_s
+        self._fast_max = fast_lane_max_in_flight
+        self._fast: dict[int, tuple[str, bytes, str, list[_Call], asyncio.TimerHandle]] = {}
+        """Per token of a fast-lane request: its normal (subject, payload, reply, calls)
+        and its retry timer."""
         self._direct = direct
         self._window_s = bundle_window_s
         self._max_requests = bundle_max_requests
@@ -281,6 +311,9 @@ class Dispatcher:
                 if not call.fut.done():
                     call.fut.set_exception(Unavailable("gateway is shutting down"))
         self._open.clear()
+        for *_, timer in self._fast.values():
+            timer.cancel()
+        self._fast.clear()
         for waiting in self._pending.values():
             if not waiting.fut.done():
                 waiting.fut.set_exception(Unavailable("gateway is shutting down"))
@@ -301,6 +334,9 @@ class Dispatcher:
             return
         if suffix.startswith("n"):
             self._on_bundle_no_responders(suffix, msg)
+            return
+        if suffix.startswith("f"):
+            self._on_fast(suffix, msg)
             return
         # Nothing else is answered on this inbox: not a reply bundle, not ours.
         log.debug("dropped a message on %s: not a reply bundle", msg.subject)
@@ -371,6 +407,41 @@ class Dispatcher:
             if not waiting.fut.done():
                 waiting.fut.set_exception(error)
         return len(hit)
+    def _on_fast(self, suffix: str, msg: Msg) -> None:
+        """A fast-lane request's reply subject: a worker's keep-alive (empty) extends
+        its retry time; a refusal or nats-server's "no responders" sends it the
+        normal way now."""
+        try:
+            token = int(suffix[1:])
+        except ValueError:
+            return
+        if token not in self._fast:
+            return
+        if not is_no_responders(msg) and not msg.data:
+            subject, payload, reply, calls, timer = self._fast[token]
+            timer.cancel()
+            timer = asyncio.get_running_loop().call_later(
+                self._fast_retry_s, self._fast_fallback, token
+            )
+            self._fast[token] = (subject, payload, reply, calls, timer)
+            return
+        self._fast_fallback(token)
+
+    def _fast_fallback(self, token: int) -> None:
+        """Send a fast-lane request's bundle the normal way (same tokens: whichever
+        answer comes first is kept, a later one is dropped as a duplicate)."""
+        entry = self._fast.pop(token, None)
+        if entry is None:
+            return
+        subject, payload, reply, calls, timer = entry
+        timer.cancel()
+        calls = [c for c in calls if not c.fut.done()]
+        if not calls:
+            return
+        FAST_LANE_FALLBACKS.inc()
+        task = asyncio.ensure_future(self._send(subject, payload, reply, calls))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
 
     # --- requests --------------------------------------------------------------
     async def call(
@@ -557,7 +628,26 @@ class Dispatcher:
                     call.fut.set_exception(exc)
             return None
         # nats-server's "no responders" names the bundle's token range.
-        return bundle.subject, payload, f"{self._inbox}.n{first}_{first + len(calls) - 1}", calls
+        reply = f"{self._inbox}.n{first}_{first + len(calls) - 1}"
+        if (
+            self._fast_lane
+            and bundle.version
+            and len(calls) == 1
+            and self._waiting <= self._fast_max
+        ):
+            # A lone request on a plain route: to an idle worker first.
+            timer = asyncio.get_running_loop().call_later(
+                self._fast_retry_s, self._fast_fallback, first
+            )
+            self._fast[first] = (bundle.subject, payload, reply, calls, timer)
+            FAST_LANE_SENT.inc()
+            return (
+                self._subjects.fast(bundle.model, bundle.version),
+                payload,
+                f"{self._inbox}.f{first}",
+                calls,
+            )
+        return bundle.subject, payload, reply, calls
 
     async def _send(self, subject: str, payload: bytes, reply: str, calls: list[_Call]) -> None:
         try:
@@ -575,6 +665,10 @@ class Dispatcher:
         IN_FLIGHT.value = self._waiting
         if call.token:
             self._pending.pop(call.token, None)
+            if self._fast:
+                fast = self._fast.pop(call.token, None)
+                if fast is not None:
+                    fast[4].cancel()
 
 
 def _no_responders(msg: Msg) -> Unavailable:
