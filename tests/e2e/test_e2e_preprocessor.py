@@ -78,7 +78,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PreStack]:
         check=True,
         capture_output=True,
     )
-    st = PreStack(base, workers=1)
+    # A wider reply margin than the default 100 ms: the shared test machine runs
+    # at a load of several times its cores, and the INTERNAL answer must beat the
+    # gateway's own timer at the deadline.
+    st = PreStack(base, workers=1, env={"INFERBUS_WORKER_SCRIPT_REPLY_MARGIN_MS": "300"})
     with st:
         model_dir = base / MODEL
         shutil.copytree(fraud, model_dir)
@@ -207,7 +210,7 @@ async def test_infinite_loop_is_cut_at_the_deadline(
     message = alone.message()
     assert f"{MODEL}/1" in message and "timed out after" in message, message
     assert "killed and replaced" in message
-    assert 1.5 < alone_s < 2.0 + 0.5
+    assert 1.5 < alone_s < 2.0 + 0.5, alone_s
     assert stack.procs["worker0"].running
     _assert_serves(stack, session, seed=11)
 

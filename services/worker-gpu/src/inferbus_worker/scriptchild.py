@@ -7,16 +7,25 @@ the file and the memory limit). It enters the sandbox
 ``preprocess`` / ``postprocess`` it defines, then answers one call at a time
 until its input closes.
 
-Wire (the child's stdin and a duplicate of its stdout; ``print`` in the
-user's code goes to stderr, the worker's log): each message is a 17-byte
-header ``<c d Q`` (kind, CPU seconds allowed for the call, payload length)
-and the payload.
+Wire: tensors cross in shared memory, two ``memfd`` files the parent makes
+and the child inherits (`Shared`: ``in`` for batches, ``out`` for
+results; whoever writes grows the file, the other remaps it), each holding
+one ``IBT1`` tensor frame (`inferbus_common.protocol.tensors`) at offset 0.
+The pipes (the child's stdin and a duplicate of its stdout; ``print`` in
+the user's code goes to stderr, the worker's log) carry 17-byte headers
+``<c d Q`` (kind, CPU seconds allowed for the call, length) and small
+payloads:
 
-* parent → child: ``P`` (preprocess) or ``O`` (postprocess), payload an
-  ``IBT1`` tensor frame (`inferbus_common.protocol.tensors`);
-* child → parent: ``R`` ready (JSON: functions, sandbox report), ``K`` the
-  result as a tensor frame, ``E`` the call raised or returned something
-  that is not a dict of arrays (one line of text; the child carries on).
+* parent → child: ``P`` (preprocess) or ``O`` (postprocess); length: the
+  frame's bytes in ``in``;
+* child → parent: ``R`` ready (payload JSON: functions, sandbox report),
+  ``K`` the result (length: its frame's bytes in ``out``), ``E`` the call
+  raised or returned something that is not a dict of arrays (payload one
+  line of text; the child carries on).
+
+The child's input arrays are writable views of ``in`` (in-place work costs
+no copy); they are overwritten by the next batch, so the code must not keep
+them between calls.
 
 A crash (``os._exit``, a signal, SIGXCPU at the CPU limit, the memory limit)
 is seen by the parent as the pipe closing.
@@ -25,6 +34,7 @@ is seen by the parent as the pipe closing.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 import sys
@@ -41,6 +51,44 @@ READY = b"R"
 OK = b"K"
 ERROR = b"E"
 FUNCTIONS = {PRE: "preprocess", POST: "postprocess"}
+
+
+class Shared:
+    """One ``memfd`` shared by the worker and a child, mapped read-write.
+
+    `ensure` grows the file (by the side about to write), `view` remaps when
+    the other side grew it. Old mappings are dropped, not closed: arrays of
+    an earlier call may still point into them.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._map: mmap.mmap | None = None
+        self._size = 0
+
+    def ensure(self, n: int) -> None:
+        size = os.fstat(self.fd).st_size
+        if size < n:
+            os.ftruncate(self.fd, max(n, 2 * size))
+
+    def view(self, n: int) -> memoryview:
+        size = os.fstat(self.fd).st_size
+        if self._map is None or size != self._size:
+            self._map = mmap.mmap(self.fd, size)
+            self._size = size
+        return memoryview(self._map)[:n]
+
+    def write(self, parts: list[Any]) -> int:
+        """Copy `parts` one after the other to offset 0; their total length."""
+        total = sum(memoryview(p).nbytes for p in parts)
+        self.ensure(total)
+        view = self.view(total)
+        at = 0
+        for part in parts:
+            raw = memoryview(part).cast("B")
+            view[at : at + raw.nbytes] = raw
+            at += raw.nbytes
+        return total
 
 
 def _read_exact(stream: IO[bytes], n: int) -> bytearray | None:
@@ -82,14 +130,14 @@ def _load(directory: Path, rel: str) -> dict[str, Callable[..., Any]]:
     return {name: fn for name in FUNCTIONS.values() if callable(fn := getattr(module, name, None))}
 
 
-def _call(fn: Callable[..., Any], payload: bytearray) -> bytes:
+def _call(fn: Callable[..., Any], frame: memoryview) -> list[Any]:
     import numpy as np
 
     from inferbus_common.codec import tensor_from_numpy
-    from inferbus_common.protocol.tensors import decode_tensors, encode_tensors
+    from inferbus_common.protocol.tensors import decode_tensors, tensor_frame_parts
 
-    # Writable arrays: the payload is this process's own bytearray.
-    arrays = {t.name: t.as_numpy() for t in decode_tensors(payload)}
+    # Writable arrays: views of the shared batch.
+    arrays = {t.name: t.as_numpy() for t in decode_tensors(frame)}
     result = fn(arrays)
     if not isinstance(result, dict):
         raise TypeError(f"must return a dict of name -> numpy array, not {type(result).__name__}")
@@ -99,7 +147,7 @@ def _call(fn: Callable[..., Any], payload: bytearray) -> bytes:
             raise TypeError(f"returned a key {name!r} that is not a tensor name (str)")
         arr = value if isinstance(value, np.ndarray) else np.asarray(value)
         tensors.append(tensor_from_numpy(name, arr))
-    return encode_tensors(tensors)
+    return tensor_frame_parts(tensors)
 
 
 def main(argv: list[str]) -> int:
@@ -115,6 +163,7 @@ def main(argv: list[str]) -> int:
     report = sandbox.enter(memory_bytes=int(spec["memory_bytes"]))
     import numpy  # noqa: F401  (before the user's code: its import is not the first call's)
 
+    batches, results = Shared(int(spec["in_fd"])), Shared(int(spec["out_fd"]))
     directory = Path(spec["directory"])
     user_file = str(directory / spec["file"])
     try:
@@ -130,20 +179,19 @@ def main(argv: list[str]) -> int:
         if head is None:
             return 0
         kind, cpu_s, size = HEADER.unpack(head)
-        payload = _read_exact(inp, size)
-        if payload is None:
-            return 0
         fn = functions.get(FUNCTIONS.get(kind, ""))
         if fn is None:
             _send(out, ERROR, f"{FUNCTIONS.get(kind, kind)!r} is not defined".encode())
             continue
         sandbox.cpu_limit(cpu_s)
         try:
-            result = _call(fn, payload)
+            parts = _call(fn, batches.view(size))
         except Exception as exc:
             _send(out, ERROR, f"raised {_one_line(exc, user_file)}".encode())
             continue
-        _send(out, OK, result)
+        total = results.write(parts)
+        out.write(HEADER.pack(OK, 0.0, total))
+        out.flush()
 
 
 if __name__ == "__main__":

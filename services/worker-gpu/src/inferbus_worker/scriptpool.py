@@ -2,8 +2,9 @@
 
 `ScriptPool` keeps ``script_pool_size`` child processes
 (`inferbus_worker.scriptchild`, sandboxed by `inferbus_worker.sandbox`) per
-version. A batch is handed to one idle child over its pipes as an ``IBT1``
-tensor frame and comes back the same way. The whole call, waiting for an
+version. A batch is handed to one idle child as an ``IBT1`` tensor frame in
+shared memory (a ``memfd`` per direction, `scriptchild.Shared`; the pipes
+carry a 17-byte header) and its result comes back the same way. The whole call, waiting for an
 idle child included, must finish by the batch's deadline (its earliest
 request deadline; ``script_timeout_s`` when no request has one). A child
 that misses it is killed (SIGKILL to its process group), one that dies
@@ -44,7 +45,7 @@ from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.protocol.framing import FrameError, one_line
 from inferbus_common.protocol.tensors import decode_tensors, tensor_frame_parts
 from inferbus_common.tensorspec import TensorSpec
-from inferbus_worker.scriptchild import ERROR, HEADER, OK, POST, PRE, READY
+from inferbus_worker.scriptchild import ERROR, HEADER, OK, POST, PRE, READY, Shared
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,7 @@ SCRIPT_SANDBOX = Gauge(
     ["model", "version", "network"],
 )
 
-_F_SETPIPE_SZ = 1031
-_PIPE_BYTES = 1 << 20
+_SHARED_START = 1 << 20
 
 
 class ScriptFailure(Exception):
@@ -107,6 +107,8 @@ class _Child:
     proc: asyncio.subprocess.Process
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    batches: Shared
+    results: Shared
     ready: dict[str, Any] = field(default_factory=dict)
 
     def kill(self) -> None:
@@ -126,14 +128,10 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _grow_pipe(transport: Any) -> None:
-    """Bigger pipe buffers: fewer wake-ups per batch (best effort)."""
-    import fcntl
-
-    pipe = transport.get_extra_info("pipe") if transport is not None else None
-    if pipe is not None:
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
+def _memfd(name: str) -> int:
+    fd = os.memfd_create(name)
+    os.ftruncate(fd, _SHARED_START)
+    return fd
 
 
 class ScriptPool:
@@ -161,10 +159,23 @@ class ScriptPool:
         self._closed = False
 
     async def _spawn(self) -> _Child:
+        in_fd, out_fd = _memfd("inferbus-script-in"), _memfd("inferbus-script-out")
+        try:
+            child = await self._exec(in_fd, out_fd)
+        except BaseException:
+            os.close(in_fd)
+            os.close(out_fd)
+            raise
+        # From here `_reap` closes the two files.
+        return await self._started(child)
+
+    async def _exec(self, in_fd: int, out_fd: int) -> _Child:
         spec = {
             "directory": str(self.directory),
             "file": self.file,
             "memory_bytes": self.limits.memory_bytes,
+            "in_fd": in_fd,
+            "out_fd": out_fd,
         }
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -178,11 +189,15 @@ class ScriptPool:
             cwd=str(self.directory),
             start_new_session=True,
             close_fds=True,
+            pass_fds=(in_fd, out_fd),
         )
         assert proc.stdin is not None and proc.stdout is not None
-        _grow_pipe(proc.stdin.transport)
-        child = _Child(proc, proc.stdout, proc.stdin)
+        child = _Child(proc, proc.stdout, proc.stdin, Shared(in_fd), Shared(out_fd))
         self._children.add(child)
+        return child
+
+    async def _started(self, child: _Child) -> _Child:
+        """`child` once it said it is ready (reaped and raising otherwise)."""
         try:
             async with asyncio.timeout(self.limits.start_timeout_s):
                 kind, payload = await self._read(child)
@@ -205,6 +220,10 @@ class ScriptPool:
     async def _read(self, child: _Child) -> tuple[bytes, bytes]:
         head = await child.reader.readexactly(HEADER.size)
         kind, _, size = HEADER.unpack(head)
+        if kind == OK:
+            # Copied out: the child's next result overwrites the shared file, and
+            # the engine may still be using these arrays then.
+            return kind, bytes(child.results.view(size))
         payload = await child.reader.readexactly(size) if size else b""
         return kind, payload
 
@@ -221,6 +240,9 @@ class ScriptPool:
         with contextlib.suppress(Exception):
             child.writer.close()
         code = await child.proc.wait()
+        for fd in (child.batches.fd, child.results.fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
         return dead_already if dead_already is not None else code
 
     async def start(self) -> None:
@@ -247,16 +269,19 @@ class ScriptPool:
         else:
             log.info("preprocessor.py sandbox: %s", json.dumps(self.sandbox), extra=extra)
 
-    def _replace(self) -> None:
-        """Start a child in the background to take a lost one's place."""
+    def _replace(self, dead: _Child | None) -> None:
+        """Reap `dead` (when not yet) and start a child to take its place, in the
+        background."""
         if self._closed:
-            return
+            return  # `close` reaps what is left
         self.replaced += 1
-        task = asyncio.create_task(self._respawn(), name=f"script-respawn-{self.name}")
+        task = asyncio.create_task(self._respawn(dead), name=f"script-respawn-{self.name}")
         self._spawning.add(task)
         task.add_done_callback(self._spawning.discard)
 
-    async def _respawn(self) -> None:
+    async def _respawn(self, dead: _Child | None) -> None:
+        if dead is not None:
+            await self._reap(dead, grace=False)
         delay = 0.1
         while not self._closed:
             try:
@@ -302,13 +327,11 @@ class ScriptPool:
                 "timeout",
             ) from None
         t0 = time.monotonic()
-        parts = tensor_frame_parts(tensors)
-        size = sum(memoryview(p).nbytes for p in parts)
         keep = False
         try:
+            size = child.batches.write(tensor_frame_parts(tensors))
             async with asyncio.timeout_at(at):
                 child.writer.write(HEADER.pack(kind, self.limits.cpu_s, size))
-                child.writer.writelines(parts)
                 await child.writer.drain()
                 reply, payload = await self._read(child)
             if reply == OK:
@@ -340,9 +363,10 @@ class ScriptPool:
             if keep:
                 self._idle.put_nowait(child)
             else:
-                if child in self._children:
-                    await asyncio.shield(self._reap(child, grace=False))
-                self._replace()
+                # Killed now, reaped (and replaced) in the background: the batch's
+                # callers are answered without waiting for the process to go.
+                child.kill()
+                self._replace(child if child in self._children else None)
 
     async def close(self) -> None:
         """Kill every child (in-flight calls fail) and stop replacing them."""

@@ -87,7 +87,7 @@ class WorkerSettings(ServiceSettings):
     script_timeout_s: float = Field(default=30.0, gt=0)
     """Wall-clock limit of a batch's Python processing when none of its requests
     has a deadline (otherwise: the earliest request deadline)."""
-    script_reply_margin_ms: float = Field(default=50.0, ge=0)
+    script_reply_margin_ms: float = Field(default=100.0, ge=0)
     """A batch's Python processing is cut this long before its earliest request
     deadline, so its INTERNAL answer reaches the caller before the gateway's own
     timer answers DEADLINE_EXCEEDED."""
