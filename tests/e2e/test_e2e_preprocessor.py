@@ -61,6 +61,49 @@ def preprocess(inputs):
 """
 
 
+SHAPES = "pp-shapes"
+SHAPES_PREPROCESSOR = """
+import numpy as np
+
+
+def preprocess(inputs):
+    raw = inputs["raw"]  # FP64 [rows, 32] from the client
+    return {"input": np.concatenate([raw, raw], axis=1).astype(np.float32)}
+
+
+def postprocess(outputs):
+    p = outputs["probabilities"]  # FP32 [rows, 2] from the engine
+    return {
+        "label": p.argmax(axis=1).astype(np.int64).reshape(-1, 1),
+        "score": p.max(axis=1, keepdims=True),
+    }
+"""
+
+
+def _shapes_model(fraud: Path, out: Path) -> Path:
+    """The fraud MLP behind a client interface of other names, datatypes and shapes."""
+    shutil.copytree(fraud, out)
+    config = json.loads((out / "config.json").read_text())
+    engine_inputs, engine_outputs = config["inputs"], config["outputs"]
+    config.update(
+        name=SHAPES,
+        inputs=[{"name": "raw", "datatype": "FP64", "shape": [-1, 32]}],
+        outputs=[
+            {"name": "label", "datatype": "INT64", "shape": [-1, 1]},
+            {"name": "score", "datatype": "FP32", "shape": [-1, 1]},
+        ],
+        # The engine's side differs: the config names the file that converts.
+        processing={
+            "python": "preprocessor.py",
+            "engine_inputs": engine_inputs,
+            "engine_outputs": engine_outputs,
+        },
+    )
+    (out / "config.json").write_text(json.dumps(config))
+    (out / "preprocessor.py").write_text(SHAPES_PREPROCESSOR)
+    return out
+
+
 class PreStack(LocalStack):
     model_dir: Path
 
@@ -93,7 +136,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PreStack]:
         )
         st.model_dir = model_dir
         st.push(model_dir, MODEL)
+        st.push(_shapes_model(fraud, base / SHAPES), SHAPES)
         st.wait_model_ready(MODEL)
+        st.wait_model_ready(SHAPES)
         yield st
 
 
@@ -166,6 +211,32 @@ def test_doubling_changes_answers_over_grpc_and_http(
     got = np.asarray(out["data"], np.float32).reshape(out["shape"])
     np.testing.assert_allclose(got, doubled, rtol=1e-5, atol=1e-6)
     assert "pre;dur=" in resp.headers["Server-Timing"]
+
+
+def test_pre_and_post_change_names_datatypes_and_shapes(
+    stack: PreStack, session: ort.InferenceSession
+) -> None:
+    raw = np.random.default_rng(5).random((4, 32))  # FP64
+    client = grpcclient.InferenceServerClient(stack.grpc_url)
+    try:
+        meta = client.get_model_metadata(SHAPES)
+        inp = grpcclient.InferInput("raw", [4, 32], "FP64")
+        inp.set_data_from_numpy(raw)
+        result = client.infer(SHAPES, [inp])
+    finally:
+        client.close()
+    # Clients see the client side; the engine's tensors stay inside.
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("raw", "FP64", [-1, 32])]
+    assert [(t.name, t.datatype) for t in meta.outputs] == [("label", "INT64"), ("score", "FP32")]
+    engine_in = np.concatenate([raw, raw], axis=1).astype(np.float32)
+    (probs,) = session.run(["probabilities"], {"input": engine_in})
+    np.testing.assert_array_equal(result.as_numpy("label"), probs.argmax(axis=1).reshape(-1, 1))
+    np.testing.assert_allclose(
+        result.as_numpy("score"), probs.max(axis=1, keepdims=True), rtol=1e-6
+    )
+    params = result.get_response().parameters
+    assert params["inferbus_pre_us"].int64_param > 0
+    assert params["inferbus_post_us"].int64_param > 0
 
 
 async def test_infinite_loop_is_cut_at_the_deadline(
