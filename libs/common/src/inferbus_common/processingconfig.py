@@ -7,9 +7,18 @@ against its tensors (`inferbus_common.modelconfig`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from inferbus_common.tensorspec import TensorSpec
 
@@ -150,6 +159,9 @@ class TopKStep(BaseModel):
 PreStep = Annotated[TokenizeStep | ImageStep, Field(discriminator="kind")]
 PostStep = Annotated[SoftmaxStep | TopKStep, Field(discriminator="kind")]
 
+PYTHON_FILE = "preprocessor.py"
+"""The conventional name of a version's Python processing file (issue 27)."""
+
 
 class ProcessingConfig(BaseModel):
     """Pre/post-processing the worker runs around the engine, on the whole micro-batch.
@@ -169,10 +181,40 @@ class ProcessingConfig(BaseModel):
     """Required with `pre` steps; None means the same as the client inputs."""
     engine_outputs: list[TensorSpec] | None = None
     """Required with `post` steps; None means the same as the client outputs."""
+    python: str | None = None
+    """A Python file of the version directory (``preprocessor.py``) defining
+    ``preprocess(inputs) -> inputs`` and/or ``postprocess(outputs) -> outputs``
+    on numpy batches, run by the worker in sandboxed subprocesses
+    (``inferbus_worker.scriptpool``). `inputs`/`outputs` stay the client's
+    tensors, `engine_inputs`/`engine_outputs` (when they differ) are what
+    ``preprocess`` returns and ``postprocess`` takes. Not combined with `pre` /
+    `post` steps. The registry fills it in when a push sends ``preprocessor.py``."""
+
+    @field_validator("python")
+    @classmethod
+    def _python_path(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = PurePosixPath(value)
+        if parts.is_absolute() or ".." in parts.parts or not value.endswith(".py"):
+            raise ValueError(
+                f"processing.python {value!r} must be a .py file inside the version directory"
+            )
+        return value
+
+    @model_serializer(mode="wrap")
+    def _omit_python(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Leave `python` out of dumps when unset (configs from before it serialise as
+        before: same digests, readable by services of the previous release)."""
+        data: dict[str, Any] = handler(self)
+        if isinstance(data, dict) and data.get("python", 0) is None:
+            del data["python"]
+        return data
 
     def files(self) -> list[str]:
-        """Files of the version directory the steps read (tokenizers, labels)."""
-        out: list[str] = []
+        """Files of the version directory the steps read (tokenizers, labels, the
+        Python file)."""
+        out: list[str] = [self.python] if self.python else []
         for step in self.pre:
             if isinstance(step, TokenizeStep):
                 out.append(step.tokenizer)
@@ -189,6 +231,37 @@ def _shape_fits(spec_shape: list[int], shape: list[int]) -> bool:
     )
 
 
+def _check_python(config: ModelConfig, proc: ProcessingConfig) -> None:
+    """A `python` processing file: no declarative steps; engine tensors well formed.
+
+    What ``preprocess`` returns is checked against `engine_inputs` per batch
+    by the worker (names, datatypes, non-batch dims, rows kept); which of the
+    two functions the file defines is checked by the registry at push.
+    """
+    if proc.pre or proc.post:
+        raise ValueError(
+            f"processing.python ({proc.python}) cannot be combined with processing.pre / "
+            "processing.post steps: do that processing in the Python file"
+        )
+    if config.sequence_batching is not None:
+        raise ValueError(
+            f"processing.python ({proc.python}) is not run for sequence_batching models"
+        )
+    for label, specs in (
+        ("engine_inputs", config.engine_inputs()),
+        ("engine_outputs", config.engine_outputs()),
+    ):
+        if len({s.name for s in specs}) != len(specs):
+            raise ValueError(f"processing.{label} names must be unique")
+        if config.max_batch_size > 0:
+            for tensor in specs:
+                if not tensor.shape or tensor.shape[0] != -1:
+                    raise ValueError(
+                        f"engine tensor '{tensor.name}': with max_batch_size > 0 the first "
+                        "dimension is the batch axis and must be -1"
+                    )
+
+
 def check_processing(config: ModelConfig) -> None:
     """Check the processing section is consistent with the model's tensors.
 
@@ -198,6 +271,9 @@ def check_processing(config: ModelConfig) -> None:
     """
     proc = config.processing
     if proc is None:
+        return
+    if proc.python is not None:
+        _check_python(config, proc)
         return
     if (proc.pre or proc.post) and config.max_batch_size <= 0:
         raise ValueError("processing steps run per row: they need max_batch_size > 0")

@@ -9,17 +9,32 @@ a message that names the file and what is wrong.
 The registry does not depend on `tokenizers`: a tokenizer file is checked to
 be a `tokenizers` JSON document (an object with a ``model``), the worker loads
 it for real.
+
+A Python processing file (``preprocessor.py``, issue 27) is compiled and its
+top level read (`ast`), never run here: it must compile and define
+``preprocess`` and/or ``postprocess``. Like every pushed file it is listed
+with its SHA-256 in the signed manifest, so workers verify it before running
+it.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable, Collection
 from pathlib import Path
 
 from inferbus_common.errors import InvalidArgument
 from inferbus_common.modelconfig import ModelConfig
-from inferbus_common.processingconfig import SoftmaxStep, TokenizeStep, TopKStep
+from inferbus_common.processingconfig import (
+    PYTHON_FILE,
+    ProcessingConfig,
+    SoftmaxStep,
+    TokenizeStep,
+    TopKStep,
+)
+
+PYTHON_FUNCTIONS = ("preprocess", "postprocess")
 
 
 def _count_labels(path: Path, model: str, rel: str) -> int:
@@ -44,6 +59,75 @@ def _check_tokenizer(path: Path, model: str, rel: str) -> None:
             f"{model}: tokenizer file {rel!r} is not a `tokenizers` tokenizer.json "
             "(a JSON object with a 'model'); save it with Tokenizer.save()"
         )
+
+
+def with_python_file(config: ModelConfig, files: Collection[str]) -> ModelConfig:
+    """`config` with ``processing.python`` set when the push sent ``preprocessor.py``
+    and the config names no Python file (the file alone turns the feature on).
+
+    Raises:
+        InvalidArgument: the config then no longer validates (declarative steps
+            and a Python file together).
+    """
+    proc = config.processing
+    if PYTHON_FILE not in files or (proc is not None and proc.python is not None):
+        return config
+    model = config.name or "model"
+    if proc is not None and (proc.pre or proc.post):
+        raise InvalidArgument(
+            f"{model}: the push sent {PYTHON_FILE} and config.json declares processing steps; "
+            "one version uses one or the other (do the steps in the Python file)"
+        )
+    new = proc.model_copy(update={"python": PYTHON_FILE}) if proc else None
+    return config.model_copy(update={"processing": new or ProcessingConfig(python=PYTHON_FILE)})
+
+
+def python_functions(source: bytes, model: str, rel: str) -> set[str]:
+    """Which of ``preprocess`` / ``postprocess`` the file defines at its top level.
+
+    Compiled, never run.
+
+    Raises:
+        InvalidArgument: it does not compile, or defines neither.
+    """
+    try:
+        tree = ast.parse(source, filename=rel)
+        compile(tree, rel, "exec")
+    except (SyntaxError, ValueError) as exc:
+        raise InvalidArgument(f"{model}: {rel} does not compile: {exc}") from exc
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in PYTHON_FUNCTIONS:
+            found.add(node.name)
+        elif isinstance(node, ast.AsyncFunctionDef) and node.name in PYTHON_FUNCTIONS:
+            raise InvalidArgument(f"{model}: {rel}: {node.name} must be a plain def, not async")
+        elif isinstance(node, ast.Assign | ast.ImportFrom):
+            targets = (
+                [t.id for t in node.targets if isinstance(t, ast.Name)]
+                if isinstance(node, ast.Assign)
+                else [a.asname or a.name for a in node.names]
+            )
+            found.update(t for t in targets if t in PYTHON_FUNCTIONS)
+    if not found:
+        raise InvalidArgument(
+            f"{model}: {rel} defines neither preprocess(inputs) nor postprocess(outputs) "
+            "at its top level"
+        )
+    return found
+
+
+def _check_python(config: ModelConfig, path: Path, model: str, rel: str) -> None:
+    found = python_functions(path.read_bytes(), model, rel)
+    pairs = [
+        ("preprocess", "engine_inputs", config.inputs, config.engine_inputs()),
+        ("postprocess", "engine_outputs", config.outputs, config.engine_outputs()),
+    ]
+    for func, section, client, engine in pairs:
+        if func not in found and client != engine:
+            raise InvalidArgument(
+                f"{model}: processing.{section} differ from the client tensors but {rel} "
+                f"defines no {func}() to convert between them"
+            )
 
 
 def check_processing(
@@ -71,6 +155,8 @@ def check_processing(
                 f"{model}: processing reads {rel!r} but the push did not send it "
                 f"(sent: {sorted(files)}); put it in the version directory"
             )
+    if proc.python is not None:
+        _check_python(config, path_of(proc.python), model, proc.python)
     for step in proc.pre:
         if isinstance(step, TokenizeStep):
             _check_tokenizer(path_of(step.tokenizer), model, step.tokenizer)

@@ -37,7 +37,11 @@ from inferbus_registry.layout import (
     version_prefix,
 )
 from inferbus_registry.onnxcheck import check_onnx, derive_config
-from inferbus_registry.processingcheck import check_label_files, check_processing
+from inferbus_registry.processingcheck import (
+    check_label_files,
+    check_processing,
+    with_python_file,
+)
 from inferbus_registry.profilecheck import PROFILE_FILE, check_profile
 from inferbus_registry.records import FileInfo, ModelState, PushResult, VersionRecord
 from inferbus_registry.store import Store
@@ -171,6 +175,8 @@ class VersionPush:
                 config = await asyncio.to_thread(derive_config, spool.path(onnx_files[0]), model)
             # Triton's auto-complete of image layouts the shape makes clear.
             config = complete_formats(config)
+            # A pushed preprocessor.py turns on Python processing (issue 27).
+            config = with_python_file(config, files)
             stored_config = canonical_config_json(config)
             if config.file not in files:
                 raise InvalidArgument(

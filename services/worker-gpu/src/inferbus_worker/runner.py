@@ -65,6 +65,8 @@ from inferbus_worker.microbatch import ReplyContext, gather_inputs, split_expire
 from inferbus_worker.processing import Processing
 from inferbus_worker.pull import PullConsumer
 from inferbus_worker.pullloop import NATS_ERRORS, PullLoop
+from inferbus_worker.scripthooks import ScriptExecution, batch_deadline
+from inferbus_worker.scriptpool import ScriptProcessing
 from inferbus_worker.settings import WorkerSettings
 from inferbus_worker.stats import VersionCounters
 
@@ -74,7 +76,7 @@ BATCH_SPAN = "inferbus.worker.batch"
 REQUEST_SPAN = "inferbus.worker.request"
 
 
-class ModelRunner(PullLoop, FastLane, EngineExecution, Answering):
+class ModelRunner(PullLoop, FastLane, EngineExecution, ScriptExecution, Answering):
     """Pulls and computes the micro-batches of one model version.
 
     Args:
@@ -87,6 +89,9 @@ class ModelRunner(PullLoop, FastLane, EngineExecution, Answering):
         processing: the version's pre/post-processing (None: none); run on
             each engine batch in the engine's thread pool, timed as the
             ``pre`` and ``post`` stages.
+        script: the version's ``preprocessor.py`` (None: none), started; run
+            around the engine in its sandboxed processes
+            (`inferbus_worker.scripthooks`); the runner closes it.
     """
 
     def __init__(
@@ -99,6 +104,7 @@ class ModelRunner(PullLoop, FastLane, EngineExecution, Answering):
         engine: Engine,
         *,
         processing: Processing | None = None,
+        script: ScriptProcessing | None = None,
     ) -> None:
         self._nc = nc
         self._js = js
@@ -132,6 +138,11 @@ class ModelRunner(PullLoop, FastLane, EngineExecution, Answering):
         if processing is not None:
             # The engine is asked for its own outputs; post-processing makes the client's.
             self._outputs = list(processing.engine_outputs)
+        self._script = script
+        self._script_timeout_s = settings.script_timeout_s
+        self._script_margin_s = settings.script_reply_margin_ms / 1000
+        if script is not None and script.has_post:
+            self._outputs = list(script.engine_outputs)
         self._labels = {"model": deployed.model, "version": deployed.version}
         self.stats = VersionCounters()
         """Cumulative statistics, reported in the heartbeat (Triton's statistics)."""
@@ -212,6 +223,8 @@ class ModelRunner(PullLoop, FastLane, EngineExecution, Answering):
                 await self._puller.stop()
             self._puller = None
         self._pool.shutdown(wait=True)
+        if self._script is not None:
+            await self._script.close()
         await asyncio.to_thread(self._engine.close)
 
     async def _handle(self, group: list[tuple[Msg, MicroBatch | None]]) -> None:
@@ -348,6 +361,14 @@ class ModelRunner(PullLoop, FastLane, EngineExecution, Answering):
             await self._poison(msgs, live_entries, StatusCode.INVALID_ARGUMENT, exc.message)
             return True
         stages: dict[str, float] = {}
+        deadline = 0.0
+        if self._script is not None:
+            deadline = batch_deadline(requests, self._script_timeout_s, self._script_margin_s)
+        if self._script is not None and self._script.has_pre:
+            scripted = await self._script_stage("pre", msgs, inputs, requests, stages, deadline)
+            if scripted is None:
+                return True  # answered INTERNAL, terminated
+            inputs = scripted
         if self._processing is not None and self._processing.has_pre:
             inputs, requests = await self._preprocess(inputs, requests, stages)
             if not requests:
@@ -394,6 +415,11 @@ class ModelRunner(PullLoop, FastLane, EngineExecution, Answering):
             await self._poison(msgs, live_entries, StatusCode.INTERNAL, "the model failed to run")
             return True
         compute_s = time.monotonic() - t0
+        if self._script is not None and self._script.has_post:
+            scripted = await self._script_stage("post", msgs, outputs, requests, stages, deadline)
+            if scripted is None:
+                return True
+            outputs = scripted
         if self._processing is not None and self._processing.has_post:
             outputs = await self._postprocess(outputs, stages)
         rows = sum(r.entry.rows for r in requests)

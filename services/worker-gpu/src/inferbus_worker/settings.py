@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from inferbus_common.settings import ServiceSettings
+from inferbus_worker.scriptpool import ScriptLimits
 
 
 class WorkerSettings(ServiceSettings):
@@ -77,6 +78,36 @@ class WorkerSettings(ServiceSettings):
     """Limit for downloading one artifact file from the registry."""
     trt_cache_dir: Path | None = None
     """Engine cache of the TensorRT execution provider; ``<cache_dir>/tensorrt`` when unset."""
+
+    script_pool_size: int = Field(default=0, ge=0, le=64)
+    """Sandboxed processes running a version's ``preprocessor.py``, per version
+    loaded; each serves one batch at a time. 0: as many as the version's execution
+    slots (``instance_count``), the most batches its runner works on at once."""
+    script_memory_mb: int = Field(default=2048, ge=0)
+    """Address-space limit (``RLIMIT_AS``) of each such process (0 = none)."""
+    script_cpu_s: float = Field(default=30.0, ge=0)
+    """CPU seconds one ``preprocess`` / ``postprocess`` call may use before the
+    kernel ends its process (``RLIMIT_CPU``, SIGXCPU; 0 = no limit)."""
+    script_timeout_s: float = Field(default=30.0, gt=0)
+    """Wall-clock limit of a batch's Python processing when none of its requests
+    has a deadline (otherwise: the earliest request deadline)."""
+    script_reply_margin_ms: float = Field(default=100.0, ge=0)
+    """A batch's Python processing is cut this long before its earliest request
+    deadline, so its INTERNAL answer reaches the caller before the gateway's own
+    timer answers DEADLINE_EXCEEDED."""
+    script_start_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest a ``preprocessor.py`` process may take to start (import included)."""
+
+    def script_limits(self, slots: int) -> ScriptLimits:
+        """The ``script_*`` settings for `inferbus_worker.scriptpool` (for a version
+        of `slots` execution slots)."""
+        return ScriptLimits(
+            pool_size=self.script_pool_size or max(1, slots),
+            memory_bytes=self.script_memory_mb << 20,
+            cpu_s=self.script_cpu_s,
+            timeout_s=self.script_timeout_s,
+            start_timeout_s=self.script_start_timeout_s,
+        )
 
     @field_validator("redelivery_backoff_s")
     @classmethod

@@ -28,6 +28,7 @@ from inferbus_worker.engines import Engine, build_engine, warmup_batch_sizes
 from inferbus_worker.heartbeat import VersionKey
 from inferbus_worker.processing import build_processing
 from inferbus_worker.runner import ModelRunner
+from inferbus_worker.scriptpool import ScriptProcessing, start_script
 from inferbus_worker.sequences import SequenceRunner
 from inferbus_worker.settings import WorkerSettings
 from inferbus_worker.versionhost import VersionHost
@@ -128,6 +129,7 @@ class Worker(VersionHost[Runner]):
         assert self._nc is not None
         engine: Engine | None = None
         runner: Runner | None = None
+        script: ScriptProcessing | None = None
         try:
             # In a thread: placing a GPU engine asks NVML or nvidia-smi for free memory.
             engine = await asyncio.to_thread(
@@ -140,6 +142,10 @@ class Worker(VersionHost[Runner]):
                 runner = SequenceRunner(self._nc, self.subjects, self.instance_id, dv, engine)
             else:
                 processing = await asyncio.to_thread(build_processing, dv.config, directory)
+                # preprocessor.py (issue 27): its sandboxed processes, started before serving.
+                limits = self.settings.script_limits(dv.config.instance_count)
+                name = f"{dv.model}/{dv.version}"
+                script = await start_script(dv.config, directory, name, limits)
                 runner = ModelRunner(
                     self._nc,
                     self._nc.jetstream(),
@@ -148,13 +154,17 @@ class Worker(VersionHost[Runner]):
                     dv,
                     engine,
                     processing=processing,
+                    script=script,
                 )
             await runner.start()
         except BaseException:
             if runner is not None:
                 await runner.stop()
-            elif engine is not None:
-                await asyncio.to_thread(engine.close)
+            else:
+                if script is not None:
+                    await script.close()
+                if engine is not None:
+                    await asyncio.to_thread(engine.close)
             raise
         log.info("engine: %s", engine.description, extra={"model": dv.model, "version": dv.version})
         return runner
