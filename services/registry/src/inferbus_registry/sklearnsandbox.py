@@ -217,7 +217,7 @@ def _sample(path: str, n_features: int) -> tuple[Any, str]:
         return sample.astype(np.float32), "sample.npy"
     rng = np.random.default_rng(GENERATED_SAMPLE_SEED)
     sample = rng.standard_normal((GENERATED_SAMPLE_ROWS, n_features)).astype(np.float32)
-    return sample, f"generated (standard normal, seed {GENERATED_SAMPLE_SEED})"
+    return sample, f"generated: standard normal, seed {GENERATED_SAMPLE_SEED}"
 
 
 def _compare(
