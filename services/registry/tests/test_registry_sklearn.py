@@ -21,6 +21,7 @@ import joblib
 import numpy as np
 import onnx
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sklearn.datasets import load_iris
 from sklearn.kernel_ridge import KernelRidge
 from sklearn.linear_model import LogisticRegression
@@ -28,6 +29,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
 from inferbus_common.errors import InvalidArgument
+from inferbus_common.signing import signed_payload, verify
 from inferbus_registry.repository import ModelRepository
 from inferbus_registry.sklearnconvert import ConversionLimits
 from inferbus_registry.store import LocalStore
@@ -98,6 +100,17 @@ async def test_pickled_pipeline_is_stored_as_onnx(tmp_path: Path) -> None:
     # The same pickle again: the same files, so the same version (not a conflict).
     again = await repo.push("iris", "1", b"", [], _chunks({"model.pkl": data}))
     assert not again.created and again.record.digest == record.digest
+
+
+async def test_converted_version_is_signed(tmp_path: Path) -> None:
+    key = Ed25519PrivateKey.generate()
+    repo = ModelRepository(LocalStore(tmp_path / "store"), signing_key=key, signing_key_id="k1")
+    record = (
+        await repo.push("iris", "1", b"", [], _chunks({"model.pkl": _pickled(_pipeline())}))
+    ).record
+    payload = signed_payload("iris", "1", {p: f.sha256 for p, f in record.files.items()})
+    assert {"model.onnx", "conversion.json"} <= set(record.files)
+    verify({"k1": key.public_key()}, record.key_id, record.signature, payload)
 
 
 async def test_joblib_with_sample_and_config(tmp_path: Path) -> None:
