@@ -92,6 +92,7 @@ class RegistryApp:
                 timeout_s=settings.convert_timeout_s,
                 memory_mb=settings.convert_memory_mb,
                 tolerance=settings.convert_tolerance,
+                concurrency=settings.convert_concurrency,
             ),
         )
         self.subjects = Subjects(settings.subject_prefix)

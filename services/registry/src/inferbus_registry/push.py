@@ -111,6 +111,7 @@ class VersionPush:
     _spool_dir: Path | None
     _max_push: int
     _conversion: ConversionLimits
+    _conversion_slots: asyncio.Semaphore
 
     if TYPE_CHECKING:
 
@@ -183,14 +184,15 @@ class VersionPush:
                         f"{model}: config.json names file {config.file!r}; with {source} "
                         f"it names {source} or {CONVERTED_FILE} (what the registry serves)"
                     )
-                conversion = await convert_pickle(
-                    tmp,
-                    source,
-                    files[source].sha256,
-                    model,
-                    self._conversion,
-                    with_sample=SAMPLE_FILE in files,
-                )
+                async with self._conversion_slots:
+                    conversion = await convert_pickle(
+                        tmp,
+                        source,
+                        files[source].sha256,
+                        model,
+                        self._conversion,
+                        with_sample=SAMPLE_FILE in files,
+                    )
                 for name in (source, SAMPLE_FILE):
                     if files.pop(name, None) is not None:
                         await asyncio.to_thread(spool.path(name).unlink)

@@ -81,6 +81,7 @@ class ModelRepository(ModelLifecycle, VersionPush):
         self._spool_dir = spool_dir
         self._max_push = max_push_bytes
         self._conversion = conversion or ConversionLimits()
+        self._conversion_slots = asyncio.Semaphore(self._conversion.concurrency)
         self._locks: dict[str, asyncio.Lock] = {}
 
     def _lock(self, model: str) -> asyncio.Lock:

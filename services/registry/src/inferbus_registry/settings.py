@@ -70,6 +70,8 @@ class RegistrySettings(ServiceSettings):
     """Wall-clock limit of one conversion; past it the child's process group is killed."""
     convert_memory_mb: int = Field(default=4096, ge=256)
     """Address-space limit of the conversion child (RLIMIT_AS), in MiB."""
+    convert_concurrency: int = Field(default=2, ge=1)
+    """Conversions running at once (each a child process); more pickle pushes wait."""
     convert_tolerance: float = Field(default=1e-4, ge=0)
     """Largest absolute difference allowed between the pickle's and the ONNX model's
     probabilities (or predictions) on the check sample; more refuses the push."""

@@ -53,6 +53,8 @@ class ConversionLimits:
     timeout_s: float = 300.0
     memory_mb: int = 4096
     tolerance: float = 1e-4
+    concurrency: int = 2
+    """Conversions running at once; further pickle pushes wait for a slot."""
 
 
 @dataclass(frozen=True)
