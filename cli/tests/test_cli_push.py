@@ -84,3 +84,24 @@ def test_stream_is_header_then_1mib_chunks(tmp_path: Path) -> None:
         ("model.onnx", 10),
         ("empty.txt", 0),
     ]
+
+
+def test_pickles_go_without_a_config(tmp_path: Path) -> None:
+    # A scikit-learn pickle, alone or in a directory without config.json: the
+    # registry converts it to model.onnx and derives the config.
+    pkl = tmp_path / "clf.pkl"
+    pkl.write_bytes(b"pickle")
+    assert collect_files(pkl, None, derive=True) == (b"", [("model.pkl", pkl)])
+    job = tmp_path / "reg.joblib"
+    job.write_bytes(b"joblib")
+    assert collect_files(job, None) == (b"", [("model.joblib", job)])
+    version = tmp_path / "v"
+    version.mkdir()
+    (version / "model.joblib").write_bytes(b"joblib")
+    (version / "sample.npy").write_bytes(b"npy")
+    config, files = collect_files(version, None)
+    assert (config, [n for n, _ in files]) == (b"", ["model.joblib", "sample.npy"])
+    # A directory with neither a config nor a pickle still needs its config.
+    (version / "model.joblib").unlink()
+    with pytest.raises(PushError, match=r"needs config\.json"):
+        collect_files(version, None)

@@ -178,7 +178,11 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     msub = p.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
 
     push = msub.add_parser("push", help="upload a model version")
-    push.add_argument("path", help="version directory (config.json + artifact) or a .onnx file")
+    push.add_argument(
+        "path",
+        help="version directory (config.json + artifact), a .onnx file, or a scikit-learn "
+        "model.pkl/model.joblib (converted to ONNX by the registry)",
+    )
     push.add_argument("--name", required=True, help="model name")
     push.add_argument("--version", required=True, help="version, e.g. 1 or 1.2.0")
     push.add_argument(

@@ -102,6 +102,9 @@ def run_push(args: argparse.Namespace) -> int:
             return _fail(f"PushVersion: {rpc_error_text(exc, address)}")
         finally:
             bar.close()
+    conversion = conversion_summary(info)
+    if conversion:
+        print(conversion, file=sys.stderr)
     if not config_bytes:
         # Said on stderr, so --json output stays one document.
         print(derived_summary(info), file=sys.stderr)
@@ -133,6 +136,33 @@ def derived_summary(info: rpb.VersionInfo) -> str:
         f"  see it with `inferbus models get {info.model} --version {info.version}`; push a "
         "config.json to change any of it"
     )
+    return "\n".join(lines)
+
+
+def conversion_summary(info: rpb.VersionInfo) -> str:
+    """What converting a pushed pickle found (the manifest's ``conversion``), for a person;
+    empty for a version pushed as ONNX."""
+    try:
+        conv = json.loads(info.manifest_json).get("conversion") if info.manifest_json else None
+    except json.JSONDecodeError:
+        return ""
+    if not isinstance(conv, dict):
+        return ""
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(conv.get("converter", {}).items()))
+    diffs = ", ".join(f"{k} {v:.3g}" for k, v in sorted(conv.get("max_abs_diff", {}).items()))
+    sample = conv.get("sample", {})
+    timings = conv.get("timings_s", {})
+    lines = [
+        f"converted {conv.get('source')} ({conv.get('estimator')}, {conv.get('task')}, "
+        f"{conv.get('n_features')} features) to model.onnx with {versions}"
+        + (f" in {timings['total']:.1f} s" if "total" in timings else ""),
+        f"  checked against the pickle on {sample.get('rows')} rows ({sample.get('from')}): "
+        f"max abs difference {diffs} (tolerance {conv.get('tolerance')})"
+        + (f", {conv['label_mismatches']} label(s) differ" if conv.get("label_mismatches") else ""),
+        "  stored: model.onnx and conversion.json (the pickle is not kept)",
+    ]
+    for note in conv.get("warnings", []):
+        lines.append(f"  warning: {note}")
     return "\n".join(lines)
 
 

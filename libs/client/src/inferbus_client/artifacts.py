@@ -23,6 +23,8 @@ CHUNK_BYTES = 1 << 20
 """Size of one file chunk in PushVersion (1 MiB)."""
 #: Files of a version directory the registry writes itself, never uploaded.
 NOT_UPLOADED = frozenset({"config.json", "manifest.json"})
+#: A scikit-learn/LightGBM pickle the registry converts to ONNX at push (never stored).
+PICKLE_NAMES = ("model.pkl", "model.joblib")
 
 
 class PushError(InvalidArgument):
@@ -42,6 +44,9 @@ def collect_files(
     single ``.onnx`` file without `config` is pushed as ``model.onnx`` with
     empty config bytes: the registry derives the config from the graph
     (Triton's auto-complete); so is one with no ``config.json`` beside it.
+    A pickled scikit-learn model (a ``.pkl`` or ``.joblib`` file, or a directory
+    holding ``model.pkl``/``model.joblib`` and no ``config.json``) goes the same
+    way: the registry converts it to ``model.onnx`` and derives the config.
 
     With `validate` off a config that does not parse is sent as it is (the
     registry refuses it with its own message).
@@ -52,20 +57,21 @@ def collect_files(
     """
     if path.is_dir():
         config_path = config or path / "config.json"
+        if (
+            config is None
+            and not config_path.is_file()
+            and any((path / name).is_file() for name in PICKLE_NAMES)
+        ):
+            return b"", _directory_files(path)
         if not config_path.is_file():
             raise PushError(f"{config_path} not found (a version directory needs config.json)")
-        files = sorted(
-            (p.relative_to(path).as_posix(), p)
-            for p in path.rglob("*")
-            if p.is_file()
-            and p.relative_to(path).as_posix() not in NOT_UPLOADED
-            # Hidden files (.gitignore, editor swap files) are not part of a model.
-            and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        )
+        files = _directory_files(path)
     elif path.is_file():
         config_path = config or path.parent / "config.json"
         if config is None and path.suffix == ".onnx" and (derive or not config_path.is_file()):
             return b"", [("model.onnx", path)]
+        if config is None and path.suffix in (".pkl", ".joblib"):
+            return b"", [("model" + path.suffix, path)]
         if config is None and not config_path.is_file():
             raise PushError(f"{path} is a single file: give its config with --config config.json")
         if not config_path.is_file():
@@ -91,6 +97,17 @@ def collect_files(
     ):
         raise PushError(f"the config names artifact {parsed.file!r} but {path} does not hold it")
     return config_bytes, files
+
+
+def _directory_files(path: Path) -> list[tuple[str, Path]]:
+    return sorted(
+        (p.relative_to(path).as_posix(), p)
+        for p in path.rglob("*")
+        if p.is_file()
+        and p.relative_to(path).as_posix() not in NOT_UPLOADED
+        # Hidden files (.gitignore, editor swap files) are not part of a model.
+        and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
 
 
 def push_messages(

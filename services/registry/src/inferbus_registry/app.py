@@ -35,6 +35,7 @@ from inferbus_registry.repository import ModelRepository
 from inferbus_registry.rollout import RolloutController
 from inferbus_registry.service import RegistryService
 from inferbus_registry.settings import RegistrySettings
+from inferbus_registry.sklearnconvert import ConversionLimits
 from inferbus_registry.store import LocalStore, S3Store, Store
 
 READ_METHODS = frozenset(
@@ -86,6 +87,13 @@ class RegistryApp:
             ),
             signing_key_id=settings.signing_key_id,
             trusted_keys=parse_trusted_keys(settings.trusted_keys),
+            conversion=ConversionLimits(
+                enabled=settings.convert_pickles,
+                timeout_s=settings.convert_timeout_s,
+                memory_mb=settings.convert_memory_mb,
+                tolerance=settings.convert_tolerance,
+                concurrency=settings.convert_concurrency,
+            ),
         )
         self.subjects = Subjects(settings.subject_prefix)
         self.grpc_port = 0

@@ -82,9 +82,12 @@ def build_manifest(
     created_unix_ms: int,
     signature: dict[str, str] | None = None,
     number: int = 0,
+    conversion: dict[str, Any] | None = None,
 ) -> bytes:
     """manifest.json bytes; `signature` is null when the registry has no signing key;
-    `number` is the version's Triton-style number (`numbering`), left out when 0."""
+    `number` is the version's Triton-style number (`numbering`), left out when 0;
+    `conversion` is what converting a pushed pickle found (`sklearnconvert`), left
+    out for a version pushed as ONNX."""
     doc: dict[str, Any] = {
         "model": model,
         "version": version,
@@ -96,4 +99,6 @@ def build_manifest(
     }
     if number:
         doc[numbering.MANIFEST_KEY] = number
+    if conversion is not None:
+        doc["conversion"] = conversion
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()

@@ -44,6 +44,17 @@ from inferbus_registry.processingcheck import (
 )
 from inferbus_registry.profilecheck import PROFILE_FILE, check_profile
 from inferbus_registry.records import FileInfo, ModelState, PushResult, VersionRecord
+from inferbus_registry.sklearnconvert import (
+    CONVERSION_FILE,
+    CONVERTED_FILE,
+    PICKLE_FILES,
+    SAMPLE_FILE,
+    Conversion,
+    ConversionLimits,
+    convert_pickle,
+    file_info,
+    pickle_source,
+)
 from inferbus_registry.store import Store
 
 
@@ -103,6 +114,8 @@ class VersionPush:
     _signing_key_id: str
     _spool_dir: Path | None
     _max_push: int
+    _conversion: ConversionLimits
+    _conversion_slots: asyncio.Semaphore
 
     if TYPE_CHECKING:
 
@@ -165,12 +178,45 @@ class VersionPush:
                 files = await asyncio.to_thread(spool.finish)
             finally:
                 spool.abort()
+            conversion = None
+            source = pickle_source(files, model)
+            if source is not None:
+                # A scikit-learn/LightGBM pickle: converted in a sandboxed child;
+                # model.onnx replaces it (and the sample), nothing pickled is stored.
+                if config is not None and config.file not in (source, CONVERTED_FILE):
+                    raise InvalidArgument(
+                        f"{model}: config.json names file {config.file!r}; with {source} "
+                        f"it names {source} or {CONVERTED_FILE} (what the registry serves)"
+                    )
+                async with self._conversion_slots:
+                    conversion = await convert_pickle(
+                        tmp,
+                        source,
+                        files[source].sha256,
+                        model,
+                        self._conversion,
+                        with_sample=SAMPLE_FILE in files,
+                    )
+                for name in (source, SAMPLE_FILE):
+                    if files.pop(name, None) is not None:
+                        await asyncio.to_thread(spool.path(name).unlink)
+                files[CONVERTED_FILE] = await asyncio.to_thread(
+                    file_info, spool.path(CONVERTED_FILE)
+                )
+                record_json = conversion.record_json()
+                await asyncio.to_thread(spool.path(CONVERSION_FILE).write_bytes, record_json)
+                files[CONVERSION_FILE] = FileInfo(
+                    sha256=hashlib.sha256(record_json).hexdigest(), size=len(record_json)
+                )
+                if config is not None:
+                    config = config.model_copy(update={"file": CONVERTED_FILE})
             if config is None:
                 onnx_files = [f for f in files if f.endswith(".onnx")]
                 if len(onnx_files) != 1:
                     raise InvalidArgument(
                         f"{model}: config.json is missing from the push and there is no single "
-                        f".onnx file to derive it from (sent: {sorted(files)})"
+                        f".onnx file to derive it from (sent: {sorted(files)}; a scikit-learn "
+                        f"pickle is converted when named {' or '.join(PICKLE_FILES)})"
                     )
                 config = await asyncio.to_thread(derive_config, spool.path(onnx_files[0]), model)
             # Triton's auto-complete of image layouts the shape makes clear.
@@ -197,7 +243,7 @@ class VersionPush:
             )
             async with self._lock(model):
                 return await self._store_version(
-                    model, version, config, stored_config, files, spool, aliases
+                    model, version, config, stored_config, files, spool, aliases, conversion
                 )
         finally:
             await asyncio.to_thread(shutil.rmtree, tmp, True)
@@ -211,6 +257,7 @@ class VersionPush:
         files: dict[str, FileInfo],
         spool: _Spool,
         aliases: list[str],
+        conversion: Conversion | None = None,
     ) -> PushResult:
         prefix = version_prefix(model, version)
         created = True
@@ -257,7 +304,19 @@ class VersionPush:
             # Under the model's lock: no other push takes the same number.
             highest = await numbering.highest_number(self.store, f"{ROOT}/{model}")
             number = next_number(version, await self.numbers(model), floor=highest)
-            manifest_json = build_manifest(model, version, files, created_ms, sig, number)
+            manifest_json = build_manifest(
+                model,
+                version,
+                files,
+                created_ms,
+                sig,
+                number,
+                conversion=(
+                    None
+                    if conversion is None
+                    else {**conversion.record, "timings_s": conversion.timings_s}
+                ),
+            )
             # The manifest goes last: its presence is what makes the version exist.
             await self.store.write_bytes(f"{prefix}/{MANIFEST_FILE}", manifest_json)
             stored += len(manifest_json)

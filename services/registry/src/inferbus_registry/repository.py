@@ -40,6 +40,7 @@ from inferbus_registry.lifecycle import ModelLifecycle
 from inferbus_registry.profilecheck import PROFILE_FILE
 from inferbus_registry.push import VersionPush
 from inferbus_registry.records import FileInfo, ModelState, VersionRecord
+from inferbus_registry.sklearnconvert import ConversionLimits
 from inferbus_registry.store import Store
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class ModelRepository(ModelLifecycle, VersionPush):
         signing_key: signs every pushed version (None: unsigned).
         signing_key_id: the name recorded with each signature.
         trusted_keys: other keys whose signatures `verify` accepts (rotation).
+        conversion: limits of converting a pushed scikit-learn pickle
+            (`sklearnconvert`; default: on, with its defaults).
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class ModelRepository(ModelLifecycle, VersionPush):
         signing_key: Ed25519PrivateKey | None = None,
         signing_key_id: str = "",
         trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
+        conversion: ConversionLimits | None = None,
     ) -> None:
         self.store = store
         self._signing_key = signing_key
@@ -76,6 +80,8 @@ class ModelRepository(ModelLifecycle, VersionPush):
             self._verify_keys[signing_key_id] = signing_key.public_key()
         self._spool_dir = spool_dir
         self._max_push = max_push_bytes
+        self._conversion = conversion or ConversionLimits()
+        self._conversion_slots = asyncio.Semaphore(self._conversion.concurrency)
         self._locks: dict[str, asyncio.Lock] = {}
 
     def _lock(self, model: str) -> asyncio.Lock:

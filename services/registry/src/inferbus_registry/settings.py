@@ -62,6 +62,19 @@ class RegistrySettings(ServiceSettings):
     spool_dir: Path | None = None
     """Where pushed files wait while being checked (default: the system temp dir).
     It needs room for the largest push."""
+    convert_pickles: bool = True
+    """Convert a pushed ``model.pkl``/``model.joblib`` (scikit-learn, LightGBM) to ONNX
+    in a sandboxed child process (docs/security.md: unpickling runs code, so only
+    those allowed to push should be trusted with it); false: such a push is refused."""
+    convert_timeout_s: float = Field(default=300.0, gt=0)
+    """Wall-clock limit of one conversion; past it the child's process group is killed."""
+    convert_memory_mb: int = Field(default=4096, ge=256)
+    """Address-space limit of the conversion child (RLIMIT_AS), in MiB."""
+    convert_concurrency: int = Field(default=2, ge=1)
+    """Conversions running at once (each a child process); more pickle pushes wait."""
+    convert_tolerance: float = Field(default=1e-4, ge=0)
+    """Largest absolute difference allowed between the pickle's and the ONNX model's
+    probabilities (or predictions) on the check sample; more refuses the push."""
     max_push_bytes: int = Field(default=16 << 30, ge=1)
     """A push sending more bytes than this is refused with INVALID_ARGUMENT."""
     grpc_max_message_bytes: int = Field(default=64 << 20, ge=16 << 20)
