@@ -249,6 +249,31 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     _registry_options(dl, timeout=300.0)
     dl.set_defaults(handler="models:run_download")
 
+    opt = msub.add_parser(
+        "optimize", help="push an fp16 or int8 variant of a version, with its error and speed"
+    )
+    opt.add_argument("name", help="model name")
+    opt.add_argument("version", help="source version or alias")
+    kind = opt.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--fp16", action="store_true", help="float16 weights, float32 IO kept")
+    kind.add_argument("--int8", action="store_true", help="int8 quantisation (ONNX Runtime)")
+    opt.add_argument(
+        "--calibration",
+        help=".npz of input arrays (rows on axis 0): static int8 and the error sample",
+    )
+    opt.add_argument("--to", help="new version (default: SOURCE-fp16 / SOURCE-int8)")
+    _registry_options(opt, timeout=300.0)
+    opt.set_defaults(handler="optimize:run_optimize")
+
+    prof = msub.add_parser("profile", help="ONNX Runtime profiler: top operators per batch")
+    prof.add_argument("name", help="model name")
+    prof.add_argument("version", help="version or alias")
+    prof.add_argument("--batch", default="1,8,32", help="batch sizes, comma-separated")
+    prof.add_argument("--top", type=int, default=10, help="operators shown per batch (10)")
+    prof.add_argument("--json", action="store_true", help="print JSON")
+    _registry_options(prof, timeout=300.0)
+    prof.set_defaults(handler="optimize:run_profile")
+
     wait = msub.add_parser("wait", help="wait until the gateway reports the model ready")
     wait.add_argument("name", help="model name")
     wait.add_argument("--version", help="a specific version")

@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 DeviceKind = Literal["cpu", "gpu"]
 """Where an engine computes."""
 
+ProviderName = Literal["cpu", "cuda", "tensorrt", "openvino"]
+"""Config provider names (``openvino``: ONNX Runtime's OpenVINO EP, from the
+separate onnxruntime-openvino wheel; a worker without it refuses the version)."""
+
 GPU_PROVIDERS = frozenset({"cuda", "tensorrt"})
 """Config provider names that compute on a GPU."""
 
@@ -143,7 +147,7 @@ class EngineConfig(BaseModel):
 
     kind: Literal["onnxruntime", "tensorrt", "vllm"] = "onnxruntime"
     """``vllm``: a generative model served by the LLM worker (see `GenerationConfig`)."""
-    providers: list[Literal["cpu", "cuda", "tensorrt"]] = ["cpu"]  # pydantic copies defaults
+    providers: list[ProviderName] = ["cpu"]  # pydantic copies defaults
     """Execution providers in order of preference (one that does not start gives way
     to the next). Without ``cpu`` in the list the version must get one of them: a
     worker where none starts (no GPU, no CUDA libraries) refuses the version

@@ -47,6 +47,10 @@ _PROVIDER_NAMES = {
     "cpu": "CPUExecutionProvider",
     "cuda": "CUDAExecutionProvider",
     "tensorrt": "TensorrtExecutionProvider",
+    # onnxruntime-openvino's wheel; not in the default environment (it replaces
+    # onnxruntime), so a version asking for it alone is refused with
+    # ProviderUnavailable (FAILED_PRECONDITION) by a worker without it.
+    "openvino": "OpenVINOExecutionProvider",
 }
 """Config names → ONNX Runtime execution provider names."""
 
