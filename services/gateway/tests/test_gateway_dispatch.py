@@ -425,6 +425,8 @@ async def test_fail_pending_answers_the_waiting_requests_of_one_version(nats_cli
         batcher4.hold.set()
         await batcher3.stop()
         await batcher4.stop()
+
+
 class FakeFastWorker(FakeBatcher):
     """A worker on the fast lane: answers like `FakeBatcher` (``mode="answer"``),
     refuses (``"busy"``), keeps requests alive with empty messages on their reply

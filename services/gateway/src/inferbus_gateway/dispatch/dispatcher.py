@@ -407,6 +407,7 @@ class Dispatcher:
             if not waiting.fut.done():
                 waiting.fut.set_exception(error)
         return len(hit)
+
     def _on_fast(self, suffix: str, msg: Msg) -> None:
         """A fast-lane request's reply subject: a worker's keep-alive (empty) extends
         its retry time; a refusal or nats-server's "no responders" sends it the
