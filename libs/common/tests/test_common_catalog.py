@@ -168,7 +168,10 @@ async def test_a_version_number_names_its_version(js: JetStreamContext) -> None:
             await models.put(S.model_key(MODEL, version), record.model_dump_json().encode())
         route = Route(model=MODEL, stable="1.0.0", versions=["1.0.0", "1.5.0", "5"])
         await routes.put(S.model_key(MODEL), route.model_dump_json().encode())
-        assert await catalog.wait_for(lambda: len(catalog.versions) == 3, WAIT)
+        # The two buckets are watched apart: wait for the route too, not only the versions.
+        assert await catalog.wait_for(
+            lambda: len(catalog.versions) == 3 and MODEL in catalog.routes, WAIT
+        )
 
         def version_of(version: str) -> str | None:
             dv = catalog.resolve(MODEL, version)
