@@ -248,8 +248,10 @@ async def test_backup_model_answers_when_the_model_cannot(stack, tmp_path) -> No
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.1)
         params = result.get_response().parameters
+        # No worker of pool 'nowhere' serves it: the "no worker" answer, covered
+        # by the fallback (dispatch/noworker.py).
         assert params["inferbus_degraded"].string_param == (
-            "unavailable; answered by fraud version 1"
+            "no-worker; answered by fraud version 1"
         )
         assert result.as_numpy("probabilities").shape == (2, 2)
     finally:

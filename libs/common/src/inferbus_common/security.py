@@ -110,6 +110,8 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
             f"{p}.genroute.>",
             # Direct dispatch: requests on plain routes go straight to the batchers.
             f"{p}.infer.>",
+            # The fast lane: lone requests straight to a worker with a free slot.
+            f"{p}.fast.>",
             f"{p}.audit.>",
             f"{p}.gencancel.>",
             f"{p}.loadhint.>",
@@ -151,7 +153,7 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
             f"{p}.alive.>",
         ]
         if role == "worker":
-            sub += [subjects.sequence_all, subjects.sequence_locate_all]
+            sub += [subjects.sequence_all, subjects.sequence_locate_all, f"{p}.fast.>"]
         if role == "llm":
             # A full LLM worker hands requests that reached it on to the subject.
             pub.append(f"{p}.gen.>")
