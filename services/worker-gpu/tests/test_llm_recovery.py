@@ -21,11 +21,13 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
-from inferbus_common.catalog import DeployedVersion
+from inferbus_common.catalog import Catalog, DeployedVersion, Route, WorkerStatus, ensure_kv
 from inferbus_common.generation import GenerationChunk, GenerationRequest
 from inferbus_common.modelconfig import ModelConfig
 from inferbus_common.protocol import headers as h
-from inferbus_common.subjects import Subjects
+from inferbus_common.subjects import Subjects, subject_token
+from inferbus_router.prefix import PlacedForwarder, PrefixTable
+from inferbus_router.router import Router
 from inferbus_worker.llm.engine import EngineDead, LlmEngine, Step
 from inferbus_worker.llm.settings import LlmWorkerSettings
 from inferbus_worker.llm.supervision import DEAD_GRACE_S, RESTARTING
@@ -135,7 +137,9 @@ class Rig:
         return self.server.dv.model
 
 
-async def _rig(nats_url: str, tmp_path: Path, script: Script, attempts: int = 3) -> Rig:
+async def _rig(
+    nats_url: str, tmp_path: Path, script: Script, attempts: int = 3, worker_id: str = ""
+) -> Rig:
     nc = await nats.connect(nats_url)
     subjects = Subjects(f"rc{next(_models)}")
     dv = DeployedVersion(model=f"m{next(_models)}", version="1", config=_config())
@@ -152,7 +156,9 @@ async def _rig(nats_url: str, tmp_path: Path, script: Script, attempts: int = 3)
     )
     states: list[str] = []
     fatal: list[str] = []
-    server = VersionServer(nc, subjects, dv, engine, settings, states.append, fatal.append)
+    server = VersionServer(
+        nc, subjects, dv, engine, settings, states.append, fatal.append, worker_id=worker_id
+    )
     await server.start()
     return Rig(nc, subjects, server, engine, states, fatal)
 
@@ -287,14 +293,14 @@ async def test_hung_requests_are_cancelled_and_failed_restarts_are_fatal(
 
 
 # --- admission across workers ---------------------------------------------------------
-async def _twin(rig: Rig, nats_url: str, tmp_path: Path) -> VersionServer:
+async def _twin(rig: Rig, nats_url: str, tmp_path: Path, worker_id: str = "") -> VersionServer:
     """A second worker's server for the same version (own connection, own engine)."""
     nc = await nats.connect(nats_url)
     engine = ScriptedEngine(rig.server.dv.config, tmp_path, "cpu")
     engine.script = Script()
     engine.start()
     settings = LlmWorkerSettings(nats_url=nats_url, cache_dir=tmp_path, device="cpu")
-    server = VersionServer(nc, rig.subjects, rig.server.dv, engine, settings)
+    server = VersionServer(nc, rig.subjects, rig.server.dv, engine, settings, worker_id=worker_id)
     await server.start()
     return server
 
@@ -409,3 +415,132 @@ async def test_a_burst_beyond_the_bound_is_refused_once_each_at_once(
     finally:
         await rig.server.stop(1.0)
         await asyncio.gather(rig.nc.close(), client.close())
+
+
+# --- prefix-aware placement (the router's side: inferbus_router.prefix) ---------------
+class Placed(Call):
+    """A completion sent to the router (``ib.genroute``), as the gateway sends it."""
+
+    def __init__(self, rig: Rig, client: Client, rid: str, prompt: str) -> None:
+        super().__init__(rig, rid, max_tokens=1000)
+        self.client = client
+        self.prompt = prompt
+
+    async def send(self) -> Placed:
+        inbox = self.client.new_inbox()
+
+        async def on_chunk(msg: Msg) -> None:
+            self.msgs.append(msg)
+            if (msg.headers or {}).get(h.FINAL) == "1":
+                self.final.set()
+
+        await self.client.subscribe(inbox, cb=on_chunk)
+        body = GenerationRequest(kind="completion", prompt=self.prompt, max_tokens=1000)
+        await self.client.publish(
+            self.rig.subjects.gen_route(self.rig.model),
+            body.encode(),
+            headers={
+                h.MODEL: self.rig.model,
+                h.KIND: h.KIND_GENERATE,
+                h.REQUEST_ID: self.rid,
+                h.REPLY: inbox,
+            },
+        )
+        return self
+
+
+async def test_the_router_places_a_shared_prefix_on_one_worker_while_it_has_a_free_slot(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """Two workers (2 running slots, bound 4 each) behind a real router with prefix
+    placement: every request sharing a prompt prefix runs on the worker that got
+    the first; with that worker's running slots full the next goes to the queue
+    group (answered, counted as a fallback); distinct prefixes spread over both."""
+    rig = await _rig(nats_url, tmp_path, Script(), worker_id="w1")
+    twin = await _twin(rig, nats_url, tmp_path, worker_id="w2")
+    servers = {"w1": rig.server, "w2": twin}
+    model = rig.model
+    js = rig.nc.jetstream()
+    workers_kv = await ensure_kv(js, rig.subjects.workers_bucket)
+    for wid in servers:
+        status = WorkerStatus(
+            worker_id=wid,
+            pool="default",
+            models={f"{model}/1": "ready"},
+            ts_ms=int((time.time() + 600) * 1000),
+        )
+        await workers_kv.put(subject_token(wid), status.model_dump_json().encode())
+    routes_kv = await ensure_kv(js, rig.subjects.routes_bucket)
+    route = Route(model=model, stable="1", versions=["1"])
+    await routes_kv.put(Subjects.model_key(model), route.model_dump_json().encode())
+    router_nc = await nats.connect(nats_url)
+    client = await nats.connect(nats_url)
+    forwarder = PlacedForwarder(router_nc, rig.subjects, PrefixTable(64))
+    labels = {"model": model, "version": "1"}
+
+    def where(rid: str) -> str:
+        return next((w for w, s in servers.items() if rid in s._tasks), "")
+
+    async def run(rid: str, prompt: str) -> str:
+        call = await Placed(rig, client, rid, prompt).send()
+        await wait_until(lambda: len(call.msgs) >= 1 and bool(where(rid)))
+        assert not call.finals, call.finals
+        return where(rid)
+
+    def stop_all() -> None:
+        for server in servers.values():
+            for rid in list(server._tasks):
+                server.cancel(rid, "cancelled")
+
+    try:
+        async with Catalog(router_nc.jetstream(), rig.subjects) as catalog:
+            await catalog.wait_loaded()
+            assert await catalog.wait_for(
+                lambda: len(catalog.ready_workers(model, "1")) == 2 and model in catalog.routes,
+                10,
+            )
+            router = Router(router_nc, catalog, rig.subjects, "router", placement=forwarder)
+            await router.start()
+            try:
+                await wait_until(lambda: all(s.taking_placed for s in servers.values()))
+                shared = "You are a terse assistant. " * 10  # 270 characters: 4 blocks
+                holder = await run("p0", shared + "first question")
+                stop_all()
+                for i in range(1, 6):
+                    await wait_until(lambda: servers[holder].taking_placed)
+                    assert await run(f"p{i}", shared + f"question {i}") == holder
+                    stop_all()
+                assert (
+                    _sample("inferbus_router_prefix_placements_total", **labels, outcome="new") == 1
+                )
+                assert (
+                    _sample("inferbus_router_prefix_placements_total", **labels, outcome="hit") == 5
+                )
+
+                # The holder's two running slots taken: it leaves its placement subject,
+                # and the next request of the prefix goes to the queue group.
+                await wait_until(lambda: servers[holder].in_flight == 0)
+                await wait_until(lambda: servers[holder].taking_placed)
+                assert await run("f0", shared + "a") == holder
+                assert await run("f1", shared + "b") == holder
+                await wait_until(lambda: not servers[holder].taking_placed)
+                assert await run("f2", shared + "c") in servers
+                fallback = "inferbus_router_prefix_placements_total"
+                assert _sample(fallback, **labels, outcome="fallback") == 1
+                stop_all()
+
+                # Prefixes no one holds spread (rendezvous hashing of the first block).
+                seen = set()
+                for i in range(12):
+                    await wait_until(lambda: all(s.in_flight == 0 for s in servers.values()))
+                    await wait_until(lambda: all(s.taking_placed for s in servers.values()))
+                    seen.add(await run(f"d{i}", f"topic {i:02d} " * 12))
+                    stop_all()
+                assert seen == {"w1", "w2"}
+                assert forwarder.holding <= 20
+            finally:
+                await router.drain()
+    finally:
+        stop_all()
+        await asyncio.gather(rig.server.stop(1.0), twin.stop(1.0))
+        await asyncio.gather(rig.nc.close(), twin._nc.close(), client.close(), router_nc.close())

@@ -107,6 +107,12 @@ class Subjects:
         """Router → generative workers (skips the batcher)."""
         return f"{self.prefix}.gen.{subject_token(model)}.{subject_token(version)}"
 
+    def gen_worker(self, model: str, version: str, worker_id: str) -> str:
+        """Router → one generative worker of a version: prefix-aware placement
+        (`inferbus_router.prefix`). A worker subscribes to it only while it has a
+        free running slot; the router falls back to `gen` on "no responders"."""
+        return f"{self.gen(model, version)}.{subject_token(worker_id)}"
+
     def gen_cancel(self, request_id: str) -> str:
         """Gateway → every generative worker: stop generating for this request.
 

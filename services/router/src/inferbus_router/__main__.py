@@ -10,6 +10,7 @@ from inferbus_common.bus import connect, shutdown
 from inferbus_common.catalog import Catalog
 from inferbus_common.subjects import Subjects
 from inferbus_router.health import HealthWeights
+from inferbus_router.prefix import PlacedForwarder, PrefixTable
 from inferbus_router.router import Router
 from inferbus_router.settings import RouterSettings
 from inferbus_router.shadow import ShadowComparer
@@ -52,6 +53,13 @@ async def serve(settings: RouterSettings, stop: asyncio.Event) -> None:
                     max_pending=settings.shadow_max_pending,
                 ),
                 health_interval_s=settings.health_interval_s,
+                placement=PlacedForwarder(
+                    nc,
+                    subjects,
+                    PrefixTable(settings.prefix_block_chars, settings.prefix_max_blocks),
+                )
+                if settings.prefix_placement
+                else None,
             )
             sock = ops.bind_socket(settings.host, settings.metrics_port)
             async with ops.serve_http(ops.ops_app(ready), sock):

@@ -9,7 +9,8 @@ Two kinds of request arrive, each on its own subject in its one framing:
   ``ib.infer.…`` (frames passed through untouched), a sampled share's shadow
   copies into one bundle to the shadow version (`shadow.ShadowComparer`);
 * generative requests on ``ib.genroute.<model>`` (headers, OpenAI JSON body),
-  forwarded whole to ``ib.gen.…`` of the decided version.
+  forwarded whole to ``ib.gen.…`` of the decided version, or to the one
+  worker of it holding the prompt's prefix (`prefix.PlacedForwarder`).
 
 Anything else (a tensor request in the headers-and-frame form of old
 gateways, garbage) is refused: INVALID_ARGUMENT to its reply subject when it
@@ -57,6 +58,7 @@ from inferbus_common.protocol.replies import ReplyTarget, send_error, send_error
 from inferbus_common.resolver import decide, stickiness_key, wants_shadow
 from inferbus_common.subjects import Subjects, name_from_token, subject_token
 from inferbus_router.health import HealthWeights
+from inferbus_router.prefix import PlacedForwarder
 from inferbus_router.shadow import ShadowComparer
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,8 @@ class Router:
         shadow: shadow comparer (None: no shadow copies are sent).
         health_interval_s: how often the health factors are re-evaluated.
         draw: uniform [0, 1) source of the weighted choice and shadow sampling.
+        placement: prefix-aware placement of generative requests on a version's
+            workers (None: the version's queue group takes every one).
     """
 
     def __init__(
@@ -113,6 +117,7 @@ class Router:
         shadow: ShadowComparer | None = None,
         health_interval_s: float = 2.0,
         draw: Callable[[], float] = random.random,
+        placement: PlacedForwarder | None = None,
     ) -> None:
         self._nc = nc
         self._catalog = catalog
@@ -122,6 +127,7 @@ class Router:
         self._shadow = shadow
         self._health_interval = health_interval_s
         self._draw = draw
+        self._placement = placement
         self._sub: Subscription | None = None
         self._gen_sub: Subscription | None = None
         self._audit_sub: Subscription | None = None
@@ -163,6 +169,8 @@ class Router:
         self._nr_gen_sub = await self._nc.subscribe(
             f"{self._nr_gen_inbox}.>", cb=self._on_no_gen_responders
         )
+        if self._placement is not None:
+            await self._placement.start()
         self._sub = await self._nc.subscribe(
             self._subjects.route_all,
             queue=self._queue_group,
@@ -197,6 +205,8 @@ class Router:
                 with contextlib.suppress(Exception):
                     await nr_sub.unsubscribe()
         self._nr_gen_sub = self._nr_bundle_sub = None
+        if self._placement is not None:
+            await self._placement.stop()
         self._stop.set()
         for task in self._tasks:
             # The route follower may sit in a catalog wait: it need not finish it.
@@ -327,9 +337,19 @@ class Router:
         if reply:
             tokens = f"{subject_token(model)}.{subject_token(version)}"
             nr_reply = f"{self._nr_gen_inbox}.{tokens}.{reply}"
-        await self._nc.publish(
-            self._subjects.gen(model, version), msg.data, reply=nr_reply, headers=out
-        )
+        placed = False
+        if self._placement is not None and nr_reply:
+            # Placement pays only with a choice: one worker holds every prefix anyway.
+            ready = self._catalog.ready_workers(model, version)
+            if len(ready) > 1:
+                workers = [w.worker_id for w in ready]
+                placed = await self._placement.send(
+                    model, version, msg.data, out, workers, nr_reply
+                )
+        if not placed:
+            await self._nc.publish(
+                self._subjects.gen(model, version), msg.data, reply=nr_reply, headers=out
+            )
         ROUTED.labels(model, version, "OK").inc()
         DECISIONS.labels(model, version, decision.reason).inc()
 

@@ -25,6 +25,15 @@ class RouterSettings(ServiceSettings):
     shadow_max_pending: int = Field(default=10_000, ge=1)
     """Shadowed requests in flight at most; beyond it samples are dropped (counted)."""
 
+    prefix_placement: bool = True
+    """Send a generative request to the worker of its version that holds the longest
+    known prefix of its prompt (vLLM prefix caching), while that worker has a free
+    running slot; else to the version's queue group. See inferbus_router.prefix."""
+    prefix_block_chars: int = Field(default=256, ge=16, le=65536)
+    """Characters of prompt text per remembered block."""
+    prefix_max_blocks: int = Field(default=100_000, ge=1)
+    """Prompt blocks remembered (over all versions, least recently used forgotten)."""
+
     health_enabled: bool = True
     """Scale canary weights down while a canary is far less healthy than stable."""
     health_interval_s: float = Field(default=2.0, gt=0)

@@ -156,6 +156,10 @@ class EngineStats:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float = 0.0
+    prefix_queried_tokens: int = 0
+    """Prompt tokens looked up in the prefix cache since the previous stats."""
+    prefix_hit_tokens: int = 0
+    """Of those, tokens found cached (their prefill skipped)."""
 
 
 class LlmEngine:
@@ -247,11 +251,14 @@ class LlmEngine:
                 engine_idx: int = 0,
             ) -> None:
                 if scheduler_stats is not None and on_stats is not None:
+                    prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
                     on_stats(
                         EngineStats(
                             running=scheduler_stats.num_running_reqs,
                             waiting=scheduler_stats.num_waiting_reqs,
                             kv_cache_usage=scheduler_stats.kv_cache_usage,
+                            prefix_queried_tokens=int(getattr(prefix, "queries", 0) or 0),
+                            prefix_hit_tokens=int(getattr(prefix, "hits", 0) or 0),
                         )
                     )
 

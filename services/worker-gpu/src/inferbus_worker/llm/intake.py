@@ -34,16 +34,32 @@ way to nats-server (one round trip), so two suffice."""
 
 
 class QueueIntake:
-    """Joins and leaves the version's queue group as room comes and goes (a mixin of
-    `VersionServer`, which sets the attributes below)."""
+    """Joins and leaves the version's queue group as room comes and goes, and the
+    worker's own placement subject as running slots do (a mixin of `VersionServer`,
+    which sets the attributes below).
+
+    Two memberships, each a subscription held only while there is room for it:
+
+    * ``queue``: ``ib.gen.<model>.<version>``, queue group ``llm``, while the
+      worker holds fewer than `bound` requests (running + waiting);
+    * ``direct``: ``ib.gen.<model>.<version>.<worker>``, the router's prefix-aware
+      placement (`inferbus_router.prefix`), while fewer than `direct_bound`
+      (vLLM's running slots) are held: a request placed for its cached prefix
+      never waits behind a full batch here; the router sends it to the queue
+      group instead.
+    """
 
     _nc: Client
     _subjects: Subjects
     dv: DeployedVersion
     bound: int
+    direct_bound: int
+    worker_id: str
     _labels: tuple[str, str]
     _sub: Subscription | None
+    _direct_sub: Subscription | None
     _opening: bool
+    _direct_opening: bool
     _stopping: bool
     _intake_tasks: set[asyncio.Task[None]]
     _handoff_inbox: str
@@ -59,43 +75,87 @@ class QueueIntake:
         """Whether this server is in the queue group now (it has room)."""
         return self._sub is not None
 
+    @property
+    def taking_placed(self) -> bool:
+        """Whether this server takes requests placed on it by prefix now."""
+        return self._direct_sub is not None
+
     async def _open_intake(self) -> None:
-        """Join the queue group (again) if there is room and we are not in it."""
-        if self._sub is not None or self._opening or self._stopping:
+        """Join the queue group (again) if there is room and we are not in it, and
+        the placement subject likewise."""
+        await self._join("queue")
+        await self._join("direct")
+
+    async def _join(self, which: str) -> None:
+        direct = which == "direct"
+        if direct and not self.worker_id:
             return
-        self._opening = True
+        if self._held(which) is not None or self._joining(which) or self._stopping:
+            return
+        self._set_joining(which, True)
+        m, v = self.dv.model, self.dv.version
+        subject = self._subjects.gen_worker(m, v, self.worker_id) if direct else None
         try:
             while (
-                self._sub is None
+                self._held(which) is None
                 and not self._stopping
                 and not self._nc.is_closed
-                and self.in_flight < self.bound
+                and self.in_flight < (self.direct_bound if direct else self.bound)
             ):
                 try:
-                    self._sub = await self._nc.subscribe(
-                        self._subjects.gen(self.dv.model, self.dv.version),
-                        queue=QUEUE_GROUP,
+                    sub = await self._nc.subscribe(
+                        subject or self._subjects.gen(m, v),
+                        queue="" if direct else QUEUE_GROUP,
                         cb=self._on_request,
                         pending_msgs_limit=100_000,
                     )
                 except NATS_ERRORS as exc:
                     # Reconnecting or closing: nats-py replays live subscriptions on
                     # reconnect, not this one; try again shortly unless stopping.
-                    log.warning("could not rejoin the generation queue group: %s", exc)
+                    log.warning("could not rejoin the generation %s subject: %s", which, exc)
                     await asyncio.sleep(0.5)
+                    continue
+                if direct:
+                    self._direct_sub = sub
+                else:
+                    self._sub = sub
         finally:
-            self._opening = False
+            self._set_joining(which, False)
+        if self._held(which) is not None:
+            # Requests admitted while we subscribed may have filled us meanwhile.
+            self._intake_changed()
+
+    def _held(self, which: str) -> Subscription | None:
+        return self._direct_sub if which == "direct" else self._sub
+
+    def _joining(self, which: str) -> bool:
+        return self._direct_opening if which == "direct" else self._opening
+
+    def _set_joining(self, which: str, value: bool) -> None:
+        if which == "direct":
+            self._direct_opening = value
+        else:
+            self._opening = value
 
     def _close_intake(self) -> None:
-        """Leave the queue group at the bound: the server stops handing us requests.
+        """Leave the queue group and the placement subject (stopping)."""
+        self._leave("queue")
+        self._leave("direct")
+
+    def _leave(self, which: str) -> None:
+        """Leave one membership: the server stops handing us those requests.
 
         A drain, not an unsubscribe: the requests nats-server already sent us are
         still answered (admitted if a slot freed meanwhile, else handed on).
         """
-        sub, self._sub = self._sub, None
+        sub = self._held(which)
         if sub is None:
             return
-        task = asyncio.create_task(self._drain(sub), name=f"drain-{self.dv.model}")
+        if which == "direct":
+            self._direct_sub = None
+        else:
+            self._sub = None
+        task = asyncio.create_task(self._drain(sub), name=f"drain-{which}-{self.dv.model}")
         self._intake_tasks.add(task)
         task.add_done_callback(self._intake_tasks.discard)
 
@@ -105,13 +165,16 @@ class QueueIntake:
                 await sub.drain()
 
     def _intake_changed(self) -> None:
-        """Leave the queue group when full, rejoin it when a slot frees."""
-        if self.in_flight >= self.bound:
-            self._close_intake()
-        elif self._sub is None and not self._opening and not self._stopping:
-            task = asyncio.create_task(self._open_intake(), name=f"intake-{self.dv.model}")
-            self._intake_tasks.add(task)
-            task.add_done_callback(self._intake_tasks.discard)
+        """Leave a membership at its bound, rejoin it when a slot frees."""
+        for which, bound in (("queue", self.bound), ("direct", self.direct_bound)):
+            if self.in_flight >= bound:
+                self._leave(which)
+            elif self._held(which) is None and not self._joining(which) and not self._stopping:
+                if which == "direct" and not self.worker_id:
+                    continue
+                task = asyncio.create_task(self._join(which), name=f"join-{which}-{self.dv.model}")
+                self._intake_tasks.add(task)
+                task.add_done_callback(self._intake_tasks.discard)
 
     async def _hand_off(self, msg: Msg, headers: dict[str, str]) -> bool:
         """Publish a request this server cannot take back to its subject, for another worker.
@@ -134,8 +197,9 @@ class QueueIntake:
         why = "s" if self._stopping else "f"
         forwarded = {**headers, h.HANDOFF: str(hops + 1)}
         try:
+            # To the queue group, also for a request placed on this worker's own subject.
             await self._nc.publish(
-                msg.subject,
+                self._subjects.gen(self.dv.model, self.dv.version),
                 msg.data,
                 reply=f"{self._handoff_inbox}.{why}.{client_reply}",
                 headers=forwarded,

@@ -67,6 +67,17 @@ KV_CACHE_USAGE = Gauge(
     "Share of the KV cache in use, 0..1 (vLLM scheduler stats).",
     _LABELS,
 )
+PREFIX_QUERIED = Counter(
+    "inferbus_llm_prefix_cache_queried_tokens",
+    "Prompt tokens vLLM looked up in its prefix cache.",
+    _LABELS,
+)
+PREFIX_HITS = Counter(
+    "inferbus_llm_prefix_cache_hit_tokens",
+    "Prompt tokens found in vLLM's prefix cache (prefill skipped); divided by "
+    "inferbus_llm_prefix_cache_queried_tokens it is the hit rate.",
+    _LABELS,
+)
 PROMPT_TOKENS = Counter("inferbus_llm_prompt_tokens", "Prompt tokens processed.", _LABELS)
 GENERATED_TOKENS = Counter(
     "inferbus_llm_generated_tokens",

@@ -62,6 +62,8 @@ class VersionServer(QueueIntake, EngineSupervision):
             ``ready``, ``failed: …``) when the engine dies and recovers.
         on_fatal: called with the reason once restarts failed
             ``engine_restart_attempts`` times in a row.
+        worker_id: the worker's id; the router places requests by prompt prefix on
+            ``ib.gen.<model>.<version>.<worker_id>`` ('' : no placement subject).
     """
 
     def __init__(
@@ -73,8 +75,11 @@ class VersionServer(QueueIntake, EngineSupervision):
         settings: LlmWorkerSettings,
         on_state: Callable[[str], None] | None = None,
         on_fatal: Callable[[str], None] | None = None,
+        worker_id: str = "",
     ) -> None:
         self._nc = nc
+        self.worker_id = worker_id
+        """This worker's id: the last token of its placement subject ('' : none)."""
         self._subjects = subjects
         self.dv = dv
         self.engine = engine
@@ -86,13 +91,17 @@ class VersionServer(QueueIntake, EngineSupervision):
         self._recovery: asyncio.Task[None] | None = None
         gen = dv.config.generation or GenerationConfig()
         self.bound = gen.max_num_seqs + gen.max_waiting
+        self.direct_bound = gen.max_num_seqs
         self._timeout_s = gen.default_timeout_ms / 1000.0
         self._labels = (dv.model, dv.version)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ids = itertools.count(1)
         self._sub: Subscription | None = None
         """The intake subscription while the server has room (None while full)."""
+        self._direct_sub: Subscription | None = None
+        """The placement subscription while a running slot is free."""
         self._opening = False
+        self._direct_opening = False
         self._intake_tasks: set[asyncio.Task[None]] = set()
         """Joins of the queue group and drains of left subscriptions under way."""
         self._handoff_inbox = ""

@@ -125,6 +125,9 @@ class LlmWorker(VersionHost[VersionServer]):
             metrics.RUNNING_SEQS.labels(*labels).set(stats.running)
             metrics.WAITING_SEQS.labels(*labels).set(stats.waiting)
             metrics.KV_CACHE_USAGE.labels(*labels).set(stats.kv_cache_usage)
+            if stats.prefix_queried_tokens:
+                metrics.PREFIX_QUERIED.labels(*labels).inc(stats.prefix_queried_tokens)
+                metrics.PREFIX_HITS.labels(*labels).inc(stats.prefix_hit_tokens)
 
         engine = LlmEngine(dv.config, self._model_dir(directory, dv), self.device, on_stats)
         try:
@@ -137,6 +140,7 @@ class LlmWorker(VersionHost[VersionServer]):
                 self.settings,
                 on_state=lambda state: self._set_state(key, state),
                 on_fatal=self._give_up,
+                worker_id=self.instance_id,
             )
             await server.start()
         except BaseException:
