@@ -166,10 +166,13 @@ async def _rig(
 class Call:
     """One generation request over the bus; collects its chunks."""
 
-    def __init__(self, rig: Rig, rid: str, max_tokens: int = 3) -> None:
+    def __init__(
+        self, rig: Rig, rid: str, max_tokens: int = 3, deadline_s: float | None = None
+    ) -> None:
         self.rig = rig
         self.rid = rid
         self.max_tokens = max_tokens
+        self.deadline_s = deadline_s
         self.msgs: list[Msg] = []
         self.final = asyncio.Event()
 
@@ -183,10 +186,11 @@ class Call:
 
         await self.rig.nc.subscribe(inbox, cb=on_chunk)
         body = GenerationRequest(kind="completion", prompt="p", max_tokens=self.max_tokens)
+        headers = {h.REPLY: inbox, h.REQUEST_ID: self.rid}
+        if self.deadline_s is not None:
+            headers[h.DEADLINE] = str(h.deadline_from_timeout(self.deadline_s))
         await self.rig.nc.publish(
-            self.rig.subjects.gen(self.rig.model, "1"),
-            body.encode(),
-            headers={h.REPLY: inbox, h.REQUEST_ID: self.rid},
+            self.rig.subjects.gen(self.rig.model, "1"), body.encode(), headers=headers
         )
         await self.rig.nc.flush()
         return self
@@ -483,7 +487,7 @@ async def test_the_router_places_a_shared_prefix_on_one_worker_while_it_has_a_fr
 
     async def run(rid: str, prompt: str) -> str:
         call = await Placed(rig, client, rid, prompt).send()
-        await wait_until(lambda: len(call.msgs) >= 1 and bool(where(rid)))
+        await wait_until(lambda: len(call.msgs) >= 1 and bool(where(rid)), timeout=30)
         assert not call.finals, call.finals
         return where(rid)
 
@@ -544,3 +548,53 @@ async def test_the_router_places_a_shared_prefix_on_one_worker_while_it_has_a_fr
         stop_all()
         await asyncio.gather(rig.server.stop(1.0), twin.stop(1.0))
         await asyncio.gather(rig.nc.close(), twin._nc.close(), client.close(), router_nc.close())
+
+
+# --- admission by deadline (inferbus_worker.llm.capacity) -----------------------------
+async def test_a_request_that_would_end_past_its_deadline_is_refused_at_once(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """Two running slots (one token per 10 ms). With both taken, a request that must
+    wait and asks for 1000 tokens (~10 s) with 2 s left is refused 429 ``llm-late``
+    at once with a retry hint; a short one with time to spare waits and is served;
+    with a slot free nothing is refused whatever its deadline."""
+    rig = await _rig(nats_url, tmp_path, Script())
+    server = rig.server
+    labels = {"model": rig.model, "version": "1"}
+    try:
+        # Nothing is known before the first request ends: everything is admitted.
+        assert not server.capacity.known
+        for i in range(2):
+            assert (
+                h.STATUS
+                not in await (await Call(rig, f"warm{i}", max_tokens=5).send()).wait_final()
+            )
+        assert server.capacity.known
+        assert 0.005 < server.capacity.per_token_s < 0.2
+
+        longs = [await Call(rig, f"long{i}", max_tokens=1000).send() for i in range(2)]
+        await wait_until(lambda: server.in_flight == 2 and all(c.msgs for c in longs))
+        t0 = time.monotonic()
+        late = await Call(rig, "late", max_tokens=1000, deadline_s=2.0).send()
+        final = await late.wait_final()
+        assert time.monotonic() - t0 < 1.0, "refused at once, not at its deadline"
+        assert final[h.STATUS] == "RESOURCE_EXHAUSTED", final
+        assert final[h.REASON] == "llm-late"
+        assert "would end after its deadline" in final[h.ERROR]
+        assert float(final[h.RETRY_AFTER]) >= 1.0
+        assert _sample("inferbus_llm_refused_late_total", **labels) == 1
+
+        fits = await Call(rig, "fits", max_tokens=3, deadline_s=60.0).send()
+        await wait_until(lambda: server.in_flight == 3)
+        assert not fits.finals, "it waits for a slot"
+        assert server.cancel("long0", "cancelled")
+        assert h.STATUS not in await fits.wait_final()
+
+        # A free slot: it starts now, so it is never refused for its deadline.
+        await wait_until(lambda: server.in_flight == 1)
+        now = await (await Call(rig, "now", max_tokens=1000, deadline_s=0.5).send()).wait_final()
+        assert now[h.STATUS] == "DEADLINE_EXCEEDED", now
+        assert _sample("inferbus_llm_refused_late_total", **labels) == 1
+    finally:
+        await server.stop(1.0)
+        await rig.nc.close()

@@ -39,6 +39,9 @@ from inferbus_common.errors import InvalidArgument
 LLM_FULL_REASON = "llm-full"
 """`ResourceExhausted.reason` when every worker of a generative version holds as many
 requests as it admits (``max_num_seqs + max_waiting``)."""
+LLM_LATE_REASON = "llm-late"
+"""`ResourceExhausted.reason` when a request would wait at the worker and, by its recent
+timings, end past its deadline (`inferbus_worker.llm.capacity`)."""
 
 
 MAX_CHOICES = 16

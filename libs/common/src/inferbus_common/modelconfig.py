@@ -74,9 +74,14 @@ class GenerationConfig(BaseModel):
 
     max_num_seqs: int = Field(default=8, ge=1)
     """Sequences vLLM runs at once (continuous batching width)."""
-    max_waiting: int = Field(default=8, ge=0)
-    """Requests a worker accepts beyond `max_num_seqs` (queued in the engine);
-    more than ``max_num_seqs + max_waiting`` in flight → RESOURCE_EXHAUSTED at once."""
+    max_waiting: int = Field(default=256, ge=0)
+    """Requests a worker accepts beyond `max_num_seqs` (queued in the engine) at
+    most; more than ``max_num_seqs + max_waiting`` in flight → RESOURCE_EXHAUSTED
+    at once. Below it, `deadline_admission` decides."""
+    deadline_admission: bool = True
+    """Refuse (429 with Retry-After) a request that would have to wait at this worker
+    and, by the worker's recent requests, would not finish before its deadline
+    (`inferbus_worker.llm.capacity`); False: admit everything up to the cap."""
     max_model_len: int = Field(default=2048, ge=16)
     """Longest prompt + completion, in tokens."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)

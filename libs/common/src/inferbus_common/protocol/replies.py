@@ -34,8 +34,10 @@ def error_headers(exc: BaseException, request_id: str = "") -> dict[str, str]:
     out = {h.STATUS: code.name, h.ERROR: one_line(message)}
     if request_id:
         out[h.REQUEST_ID] = request_id
-    if isinstance(exc, ResourceExhausted) and exc.reason:
-        out[h.REASON] = one_line(exc.reason)
+    if isinstance(exc, ResourceExhausted):
+        if exc.reason:
+            out[h.REASON] = one_line(exc.reason)
+        out[h.RETRY_AFTER] = f"{exc.retry_after_s:.3f}"
     return out
 
 
@@ -85,13 +87,20 @@ async def send_errors(
         await nc.publish(inbox, payload)
 
 
-def error_from_fields(status: str, error: str, reason: str = "") -> InferbusError | None:
-    """The typed error of a reply's status, message and reason (None for OK)."""
+def error_from_fields(
+    status: str, error: str, reason: str = "", retry_after: str = ""
+) -> InferbusError | None:
+    """The typed error of a reply's status, message, reason and retry hint (None for OK)."""
     if not status or status == StatusCode.OK.name:
         return None
     exc = error_from_status(status, error or "error without a message")
     if isinstance(exc, ResourceExhausted):
         exc.reason = reason
+        try:
+            if retry_after:
+                exc.retry_after_s = max(0.001, min(float(retry_after), 86_400.0))
+        except ValueError:
+            pass  # a hint only: the default stands
     return exc
 
 
@@ -101,5 +110,8 @@ def error_from_reply(headers: dict[str, str] | None) -> InferbusError | None:
     if not headers:
         return None
     return error_from_fields(
-        headers.get(h.STATUS, ""), headers.get(h.ERROR, ""), headers.get(h.REASON, "")
+        headers.get(h.STATUS, ""),
+        headers.get(h.ERROR, ""),
+        headers.get(h.REASON, ""),
+        headers.get(h.RETRY_AFTER, ""),
     )

@@ -67,6 +67,18 @@ KV_CACHE_USAGE = Gauge(
     "Share of the KV cache in use, 0..1 (vLLM scheduler stats).",
     _LABELS,
 )
+REFUSED_LATE = Counter(
+    "inferbus_llm_refused_late",
+    "Requests refused (429 llm-late) because, waiting behind the worker's queue, they "
+    "would have ended past their deadline by the worker's recent timings.",
+    _LABELS,
+)
+ESTIMATED_WAIT = Gauge(
+    "inferbus_llm_estimated_wait_seconds",
+    "Estimated wait for a running slot of the last request that arrived (0 while a "
+    "slot is free); deadline admission refuses what would end past its deadline.",
+    _LABELS,
+)
 PREFIX_QUERIED = Counter(
     "inferbus_llm_prefix_cache_queried_tokens",
     "Prompt tokens vLLM looked up in its prefix cache.",

@@ -29,13 +29,19 @@ from inferbus_common.errors import (
     Unavailable,
     status_of,
 )
-from inferbus_common.generation import LLM_FULL_REASON, GenerationChunk, GenerationRequest
+from inferbus_common.generation import (
+    LLM_FULL_REASON,
+    LLM_LATE_REASON,
+    GenerationChunk,
+    GenerationRequest,
+)
 from inferbus_common.modelconfig import GenerationConfig
 from inferbus_common.protocol import headers as h
 from inferbus_common.protocol.replies import error_headers
 from inferbus_common.subjects import Subjects
 from inferbus_worker.heartbeat import NATS_ERRORS
 from inferbus_worker.llm import metrics
+from inferbus_worker.llm.capacity import Capacity
 from inferbus_worker.llm.engine import (
     EngineDead,
     LlmEngine,
@@ -92,6 +98,10 @@ class VersionServer(QueueIntake, EngineSupervision):
         gen = dv.config.generation or GenerationConfig()
         self.bound = gen.max_num_seqs + gen.max_waiting
         self.direct_bound = gen.max_num_seqs
+        self.capacity = Capacity(gen.max_num_seqs)
+        """Recent requests' timings: the estimate behind deadline admission."""
+        self._deadline_admission = gen.deadline_admission
+        self._default_max_tokens = gen.default_max_tokens
         self._timeout_s = gen.default_timeout_ms / 1000.0
         self._labels = (dv.model, dv.version)
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -203,17 +213,46 @@ class VersionServer(QueueIntake, EngineSupervision):
                     retry_after_s=1.0,
                 )
             request = GenerationRequest.decode(msg.data)
+            deadline_ns = int(headers.get(h.DEADLINE) or 0) or h.deadline_from_timeout(
+                self._timeout_s
+            )
+            self._admit_in_time(request, deadline_ns)
         except InferbusError as exc:
             metrics.REQUESTS.labels(*self._labels, exc.code.name).inc()
             with contextlib.suppress(*NATS_ERRORS):
                 await self._publish(reply, 0, b"", error_headers(exc, rid), True, rid)
             return
-        deadline_ns = int(headers.get(h.DEADLINE) or 0) or h.deadline_from_timeout(self._timeout_s)
         task = asyncio.create_task(self._run(rid, request, reply, deadline_ns), name=f"gen-{rid}")
         self._tasks[rid] = task
         metrics.IN_FLIGHT.labels(*self._labels).set(len(self._tasks))
         task.add_done_callback(lambda _t: self._forget(rid, task))
         self._intake_changed()
+
+    def _admit_in_time(self, request: GenerationRequest, deadline_ns: int) -> None:
+        """Refuse a request that would wait here and, by the recent requests, not
+        finish before its deadline (`inferbus_worker.llm.capacity`).
+
+        Raises:
+            ResourceExhausted: ``llm-late``, with a Retry-After of the estimated wait.
+        """
+        max_tokens = request.max_tokens or self._default_max_tokens
+        est = self.capacity.estimate(self.in_flight, max_tokens)
+        metrics.ESTIMATED_WAIT.labels(*self._labels).set(est.wait_s)
+        if not self._deadline_admission or not self.capacity.known or not est.ahead:
+            return
+        remaining = h.remaining_s(deadline_ns)
+        if est.done_s <= remaining:
+            return
+        metrics.REFUSED_LATE.labels(*self._labels).inc()
+        raise ResourceExhausted(
+            f"model '{self.dv.model}' version '{self.dv.version}': {est.ahead} request(s) "
+            f"would finish before this one could start here (in ~{est.wait_s:.1f} s); with "
+            f"~{est.run_s:.1f} s to generate {max_tokens} tokens it would end after its "
+            f"deadline ({remaining:.1f} s left); nothing was generated, retry later, ask "
+            "for fewer tokens or allow a longer timeout",
+            reason=LLM_LATE_REASON,
+            retry_after_s=max(1.0, est.wait_s),
+        )
 
     def _forget(self, rid: str, task: asyncio.Task[None]) -> None:
         if self._tasks.get(rid) is task:
@@ -230,6 +269,7 @@ class VersionServer(QueueIntake, EngineSupervision):
         status = "OK"
         prompt_tokens = completion = 0
         first_at = last_at = 0.0
+        queued_s = 0.0
         engine_id = f"{rid}#{next(self._ids)}"  # unique in vLLM even if a client reuses ids
         try:
             remaining = h.remaining_s(deadline_ns)
@@ -260,6 +300,7 @@ class VersionServer(QueueIntake, EngineSupervision):
                             completion += step.tokens
                             metrics.GENERATED_TOKENS.labels(*self._labels).inc(step.tokens)
                         if step.queue_s is not None:
+                            queued_s = step.queue_s
                             metrics.QUEUE_SECONDS.labels(*self._labels).observe(step.queue_s)
                         chunk = GenerationChunk(
                             text=step.text,
@@ -288,6 +329,11 @@ class VersionServer(QueueIntake, EngineSupervision):
             if first_at and last_at > first_at and completion > 1:
                 metrics.TOKENS_PER_SECOND.labels(*self._labels).observe(
                     (completion - 1) / (last_at - first_at)
+                )
+                self.capacity.observe(
+                    prefill_s=max(0.0, first_at - t0 - queued_s),
+                    per_token_s=(last_at - first_at) / (completion - 1),
+                    hold_s=max(0.0, last_at - t0 - queued_s),
                 )
         except TimeoutError:
             status = "DEADLINE_EXCEEDED"

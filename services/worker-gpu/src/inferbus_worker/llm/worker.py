@@ -35,6 +35,7 @@ _VERSION_GAUGES = (
     metrics.WAITING_SEQS,
     metrics.KV_CACHE_USAGE,
     metrics.IN_FLIGHT,
+    metrics.ESTIMATED_WAIT,
 )
 
 
