@@ -541,3 +541,51 @@ async def test_fast_lane_retries_a_silent_worker_and_keeps_the_first_answer(
         assert DUPLICATE_REPLIES.value == before + 1
     finally:
         await batcher.stop()
+
+
+async def test_a_nats_user_without_the_fast_lane_switches_it_off_at_the_first_refusal(
+    tmp_path,
+):
+    """A permissions file from before the fast lane: nats-server drops the gateway's
+    publishes on ``ib.fast.>`` and says so only asynchronously. Without a reaction
+    every lone request would wait `fast_lane_retry_s` (30 s here) for its fallback;
+    the dispatcher switches the lane off at the first refusal and sends what was on
+    it the normal way at once."""
+    from inferbus_common.bus import connect
+    from inferbus_gateway.dispatch.fastlane import FAST_LANE_ENABLED, FAST_LANE_SENT
+    from inferbus_testing.servers import NatsServer
+
+    conf = tmp_path / "auth.conf"
+    conf.write_text(
+        "authorization {\n  users = [\n"
+        '    {user: gw, password: gwpw, permissions: {publish: {allow: ["ib.infer.>"]}}}\n'
+        "    {user: all, password: allpw}\n  ]\n}\n"
+    )
+    with NatsServer(tmp_path / "nats", jetstream=False, extra_args=["-c", str(conf)]) as server:
+        gw = await connect(server.url, "gw", user="gw", password="gwpw")
+        other = await connect(server.url, "all", user="all", password="allpw")
+        batcher = await FakeBatcher(other, SUBJECTS.infer("fraud", "3")).start()
+        worker = await FakeFastWorker(other, SUBJECTS.fast("fraud", "3")).start()
+        dispatcher = Dispatcher(
+            gw, SUBJECTS, "gw-perm", direct=True, fast_lane=True, fast_lane_retry_s=30.0
+        )
+        await dispatcher.start()
+        plain = Route(model="fraud", stable="3")
+        try:
+            assert FAST_LANE_ENABLED._value.get() == 1
+            t0 = time.monotonic()
+            reply = await asyncio.wait_for(_call(dispatcher, plain, value=7.0), 10)
+            assert time.monotonic() - t0 < 10, "did not wait for the 30 s retry"
+            assert decode_tensors(reply.frame)[0].as_numpy()[0, 0] == 7.0
+            assert len(batcher.seen) == 1 and not worker.seen
+            assert FAST_LANE_ENABLED._value.get() == 0
+            sent = FAST_LANE_SENT.value
+            # The next lone request goes the normal way from the start.
+            await asyncio.wait_for(_call(dispatcher, plain, request_id="r2"), 10)
+            assert len(batcher.seen) == 2 and FAST_LANE_SENT.value == sent
+        finally:
+            await dispatcher.stop()
+            await batcher.stop()
+            await worker.stop()
+            await gw.close()
+            await other.close()

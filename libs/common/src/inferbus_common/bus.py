@@ -12,6 +12,7 @@ import contextlib
 import logging
 import ssl
 import weakref
+from collections.abc import Callable
 
 import nats
 import nats.errors
@@ -28,6 +29,23 @@ log = logging.getLogger(__name__)
 
 # Replica count of the JetStream objects each connection creates (see `connect`).
 _replicas: weakref.WeakKeyDictionary[Client, int] = weakref.WeakKeyDictionary()
+_error_hooks: weakref.WeakKeyDictionary[Client, list[Callable[[Exception], None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def on_error(nc: Client, hook: Callable[[Exception], None]) -> None:
+    """Call `hook` with every asynchronous error nats-server sends a connection made by
+    `connect` (a permissions violation, for one: the server drops the message and says
+    so only this way). Hooks run on the event loop and must not block."""
+    _error_hooks.setdefault(nc, []).append(hook)
+
+
+def is_publish_violation(exc: Exception, subject_prefix: str) -> bool:
+    """Whether `exc` is nats-server's "Permissions Violation for Publish" on a subject
+    that starts with `subject_prefix`."""
+    text = str(exc)
+    return "permissions violation for publish" in text.lower() and f'"{subject_prefix}' in text
 
 
 def server_urls(url: str) -> list[str]:
@@ -109,6 +127,11 @@ async def connect(
 
     async def _error(exc: Exception) -> None:
         log.warning("nats error: %s", exc)
+        for hook in _error_hooks.get(nc, ()) if nc is not None else ():
+            try:
+                hook(exc)
+            except Exception:  # a hook's failure must not stop the others
+                log.exception("nats error hook failed")
 
     extra: dict[str, object] = {}
     if user:

@@ -182,7 +182,7 @@ class PlacedForwarder:
         return len(self._held)
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_no_responders)
+        self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_holder_refused)
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -230,7 +230,7 @@ class PlacedForwarder:
                 return
             del self._held[key]
 
-    async def _on_no_responders(self, msg: Msg) -> None:
+    async def _on_holder_refused(self, msg: Msg) -> None:
         """The placed worker had no free slot (or is gone): on to the queue group."""
         if not is_no_responders(msg):
             return

@@ -52,11 +52,12 @@ from inferbus_common.protocol.bundles import (
 )
 from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.framing import FrameError, parts_size
-from inferbus_common.protocol.replies import error_from_fields
 from inferbus_common.protocol.tensors import tensor_frame_parts
 from inferbus_common.resolver import decide, has_shadow
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.dispatch.cpuload import CpuLoad
+from inferbus_gateway.dispatch.fastlane import FastLane
+from inferbus_gateway.dispatch.reply import Reply
 
 log = logging.getLogger(__name__)
 
@@ -86,15 +87,6 @@ IN_FLIGHT = LoopGauge(
     "inferbus_gateway_dispatch_in_flight",
     "Requests sent into the platform (or waiting in an open bundle) and not answered yet.",
 )
-FAST_LANE_SENT = LoopCounter(
-    "inferbus_gateway_fast_lane_sent_total",
-    "Lone requests sent on the fast lane (straight to an idle worker over core NATS).",
-)
-FAST_LANE_FALLBACKS = LoopCounter(
-    "inferbus_gateway_fast_lane_fallbacks_total",
-    "Fast-lane requests sent again the normal way (worker busy, no worker subscribed, "
-    "or no answer nor keep-alive within fast_lane_retry_s).",
-)
 CPU_BUSY = Gauge(
     "inferbus_gateway_cpu_busy",
     "Busy share (moving average) of the machine's CPUs, the cgroup's quota or the "
@@ -102,9 +94,6 @@ CPU_BUSY = Gauge(
     "collect requests for the bundle window.",
 )
 
-
-_FAST_BUSY = b"busy"
-"""A worker's refusal on a fast-lane request's reply subject (`inferbus_worker.fastlane`)."""
 
 _MAX_SUBJECTS = 1024
 """(model, pinned version) pairs whose subject is kept (beyond it they start over)."""
@@ -125,50 +114,6 @@ def plain_version(route: Route | None, pinned: str) -> str:
         return decide(route, route.model, pinned, draw=None).version
     except NotFound:
         return ""  # the router answers it NOT_FOUND, as for any other request
-
-
-@dataclass(slots=True, eq=False)
-class Reply:
-    """One request's answer (from a reply bundle, or a sequence worker's reply).
-
-    Attributes:
-        status: a `StatusCode` name ('' = OK).
-        error: the error message ('' when OK).
-        reason: on RESOURCE_EXHAUSTED, which limit or queue was full.
-        version: the version that answered ('' when unknown).
-        digest: the artifact digest of that version.
-        timings_ms: stage timings reported by the platform (queue, compute, ...).
-        frame: the outputs as a tensor frame (empty on error).
-    """
-
-    status: str
-    error: str = ""
-    reason: str = ""
-    version: str = ""
-    digest: str = ""
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    frame: Buffer = b""
-
-    def raise_for_status(self) -> None:
-        """Raise the typed error this reply carries (nothing for OK)."""
-        err = error_from_fields(self.status, self.error, self.reason)
-        if err is not None:
-            raise err
-
-    @classmethod
-    def from_msg(cls, msg: Msg) -> Reply:
-        """A sequence worker's reply (headers + body, ``ib.seq`` subjects only:
-        requests of a sequence go to the one worker holding it, not in bundles)."""
-        hdrs = msg.headers or {}
-        return cls(
-            hdrs.get(h.STATUS, ""),
-            hdrs.get(h.ERROR, ""),
-            hdrs.get(h.REASON, ""),
-            hdrs.get(h.VERSION, ""),
-            hdrs.get(h.DIGEST, ""),
-            h.parse_timings(hdrs.get(h.TIMINGS)),
-            msg.data,
-        )
 
 
 def _expire(fut: asyncio.Future[Reply]) -> None:
@@ -247,12 +192,6 @@ class Dispatcher:
         fast_lane_retry_s: float = 0.5,
         fast_lane_max_in_flight: int = 1,
     ) -> None:
-        self._fast_lane = fast_lane and direct
-        self._fast_retry_s = fast_lane_retry_s
-        self._fast_max = fast_lane_max_in_flight
-        self._fast: dict[int, tuple[str, bytes, str, list[_Call], asyncio.TimerHandle]] = {}
-        """Per token of a fast-lane request: its normal (subject, payload, reply, calls)
-        and its retry timer."""
         self._direct = direct
         self._window_s = bundle_window_s
         self._max_requests = bundle_max_requests
@@ -268,6 +207,15 @@ class Dispatcher:
         self._nc = nc
         self._subjects = subjects
         self._inbox = subjects.reply_inbox(instance)
+        self._fast: FastLane[_Call] = FastLane(
+            nc,
+            subjects,
+            self._inbox,
+            self._resend,
+            enabled=fast_lane and direct,
+            retry_s=fast_lane_retry_s,
+            max_in_flight=fast_lane_max_in_flight,
+        )
         self._bundle_inbox = f"{self._inbox}.b"
         self._pending: dict[int, _Call] = {}
         self._next_token = 1
@@ -311,9 +259,7 @@ class Dispatcher:
                 if not call.fut.done():
                     call.fut.set_exception(Unavailable("gateway is shutting down"))
         self._open.clear()
-        for *_, timer in self._fast.values():
-            timer.cancel()
-        self._fast.clear()
+        self._fast.stop()
         for waiting in self._pending.values():
             if not waiting.fut.done():
                 waiting.fut.set_exception(Unavailable("gateway is shutting down"))
@@ -336,7 +282,7 @@ class Dispatcher:
             self._on_bundle_no_responders(suffix, msg)
             return
         if suffix.startswith("f"):
-            self._on_fast(suffix, msg)
+            self._fast.on_reply(suffix, msg)
             return
         # Nothing else is answered on this inbox: not a reply bundle, not ours.
         log.debug("dropped a message on %s: not a reply bundle", msg.subject)
@@ -408,38 +354,8 @@ class Dispatcher:
                 waiting.fut.set_exception(error)
         return len(hit)
 
-    def _on_fast(self, suffix: str, msg: Msg) -> None:
-        """A fast-lane request's reply subject: a worker's keep-alive (empty) extends
-        its retry time; a refusal or nats-server's "no responders" sends it the
-        normal way now."""
-        try:
-            token = int(suffix[1:])
-        except ValueError:
-            return
-        if token not in self._fast:
-            return
-        if not is_no_responders(msg) and not msg.data:
-            subject, payload, reply, calls, timer = self._fast[token]
-            timer.cancel()
-            timer = asyncio.get_running_loop().call_later(
-                self._fast_retry_s, self._fast_fallback, token
-            )
-            self._fast[token] = (subject, payload, reply, calls, timer)
-            return
-        self._fast_fallback(token)
-
-    def _fast_fallback(self, token: int) -> None:
-        """Send a fast-lane request's bundle the normal way (same tokens: whichever
-        answer comes first is kept, a later one is dropped as a duplicate)."""
-        entry = self._fast.pop(token, None)
-        if entry is None:
-            return
-        subject, payload, reply, calls, timer = entry
-        timer.cancel()
-        calls = [c for c in calls if not c.fut.done()]
-        if not calls:
-            return
-        FAST_LANE_FALLBACKS.inc()
+    def _resend(self, subject: str, payload: bytes, reply: str, calls: list[_Call]) -> None:
+        """Send a bundle (a fast-lane request's fallback) from outside a coroutine."""
         task = asyncio.ensure_future(self._send(subject, payload, reply, calls))
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
@@ -630,24 +546,19 @@ class Dispatcher:
             return None
         # nats-server's "no responders" names the bundle's token range.
         reply = f"{self._inbox}.n{first}_{first + len(calls) - 1}"
-        if (
-            self._fast_lane
-            and bundle.version
-            and len(calls) == 1
-            and self._waiting <= self._fast_max
-        ):
-            # A lone request on a plain route: to an idle worker first.
-            timer = asyncio.get_running_loop().call_later(
-                self._fast_retry_s, self._fast_fallback, first
-            )
-            self._fast[first] = (bundle.subject, payload, reply, calls, timer)
-            FAST_LANE_SENT.inc()
-            return (
-                self._subjects.fast(bundle.model, bundle.version),
-                payload,
-                f"{self._inbox}.f{first}",
-                calls,
-            )
+        # A lone request on a plain route: to an idle worker first.
+        lane = self._fast.route(
+            bundle.subject,
+            bundle.model,
+            bundle.version,
+            payload,
+            reply,
+            calls,
+            first,
+            self._waiting,
+        )
+        if lane is not None:
+            return lane
         return bundle.subject, payload, reply, calls
 
     async def _send(self, subject: str, payload: bytes, reply: str, calls: list[_Call]) -> None:
@@ -666,10 +577,7 @@ class Dispatcher:
         IN_FLIGHT.value = self._waiting
         if call.token:
             self._pending.pop(call.token, None)
-            if self._fast:
-                fast = self._fast.pop(call.token, None)
-                if fast is not None:
-                    fast[4].cancel()
+            self._fast.forget(call.token)
 
 
 def _no_responders(msg: Msg) -> Unavailable:
