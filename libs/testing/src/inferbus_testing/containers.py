@@ -54,8 +54,10 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[4]
 """The repository (scripts/images.sh, compose/)."""
 
-TOOLS = ("podman", "runc", "netavark", "aardvark-dns", "debootstrap")
-"""What `scripts/bootstrap-containers.sh` installs; the tests need all of it."""
+TOOLS = ("podman", "runc", "netavark", "aardvark-dns", "debootstrap", "iptables")
+"""What `scripts/bootstrap-containers.sh` installs; the tests need all of it (netavark
+sets up every network with iptables: without it each fails with "netavark: No such
+file or directory")."""
 
 _API = "/v4.0.0/libpod"
 
