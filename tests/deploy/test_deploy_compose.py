@@ -138,6 +138,18 @@ def test_workers_can_be_scaled(compose_model: dict[str, Any], name: str) -> None
     assert not service.get("ports")
 
 
+def test_long_running_services_restart_always_and_two_workers_by_default(
+    compose_model: dict[str, Any],
+) -> None:
+    # `unless-stopped` keeps a container down once it was stopped; `always` brings
+    # back one whose process died (tests/containers kills a worker's process).
+    for name, service in compose_model["services"].items():
+        expected = "no" if name == "minio-init" else "always"
+        assert service.get("restart") == expected, name
+    for name in ("worker-gpu", "worker-cpu"):
+        assert compose_model["services"][name]["deploy"]["replicas"] == 2, name
+
+
 def test_gpu_worker_reserves_an_nvidia_gpu_and_cpu_worker_does_not(
     compose_model: dict[str, Any],
 ) -> None:
