@@ -260,6 +260,27 @@ def test_broken_copy_with_a_typoed_field_fails(compose_cli: Any, tmp_path: Path)
     assert "helthcheck" in result.stderr
 
 
+def test_every_published_port_moves_with_the_env_file(compose_cli: Any, tmp_path: Path) -> None:
+    # A second stack beside the first: every INFERBUS_HOST_PORT_* moved by 10000.
+    example = ENV_EXAMPLE.read_text()
+    names = re.findall(r"^(INFERBUS_HOST_PORT_\w+)=(\d+)$", example, re.MULTILINE)
+    assert len(names) >= 13
+    moved = tmp_path / "second.env"
+    moved.write_text(example + "".join(f"{name}={int(port) + 10000}\n" for name, port in names))
+    result = compose_cli.config(COMPOSE_FILE, moved, "--profile", "*")
+    assert result.returncode == 0, result.stderr
+    published = {
+        (name, int(p["target"])): int(p["published"])
+        for name, service in json.loads(result.stdout)["services"].items()
+        for p in service.get("ports", [])
+    }
+    defaults = {int(port) for _name, port in names}
+    assert published, "nothing published"
+    for (name, target), host in published.items():
+        assert host == target + 10000, (name, target, host)
+    assert {target for _name, target in published} == defaults
+
+
 def test_mounted_config_files_exist(compose_model: dict[str, Any]) -> None:
     for name, service in compose_model["services"].items():
         for volume in service.get("volumes", []):
@@ -272,7 +293,9 @@ def test_push_example_script_pushes_through_the_registry_port() -> None:
     assert script.stat().st_mode & 0o111, "push-example.sh must be executable"
     text = script.read_text()
     assert "inferbus models push" in text
-    assert "127.0.0.1:8070" in text
+    # The stack's own ports (compose/.env), never a fixed default another stack may hold.
+    assert "INFERBUS_HOST_PORT_REGISTRY 8070" in text
+    assert "INFERBUS_HOST_PORT_GRPC 8001" in text
     assert "--registry" in text
     bash = shutil.which("bash")
     if bash is not None:
