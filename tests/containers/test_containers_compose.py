@@ -44,7 +44,6 @@ from inferbus_testing.containers import (
     REPO,
     ComposeProject,
     ContainerError,
-    HealthChecks,
     PodmanService,
     podman_unavailable,
 )
@@ -203,28 +202,27 @@ def container_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contai
             _env_file(base / "test.env"),
             profiles=["cpu"],
         )
-        with HealthChecks(podman, project.name):
+        try:
+            t0 = time.monotonic()
+            project.run("up", "-d", "--no-build", "--pull", "never", *SERVICES)
+            http_port = project.port("gateway", 8000)
+            _wait_http_ok(f"http://127.0.0.1:{http_port}/v2/health/ready", 120)
+            timings["up"] = time.monotonic() - t0
+            yield ContainerStack(
+                podman=podman,
+                project=project,
+                grpc_url=f"127.0.0.1:{project.port('gateway', 8001)}",
+                http_url=f"127.0.0.1:{http_port}",
+                registry_url=f"127.0.0.1:{project.port('registry', 8070)}",
+                nats_url=f"nats://127.0.0.1:{project.port('nats-1', 4222)}",
+                model_dir=_model(base),
+                timings=timings,
+            )
+        finally:
             try:
-                t0 = time.monotonic()
-                project.run("up", "-d", "--no-build", "--pull", "never", *SERVICES)
-                http_port = project.port("gateway", 8000)
-                _wait_http_ok(f"http://127.0.0.1:{http_port}/v2/health/ready", 120)
-                timings["up"] = time.monotonic() - t0
-                yield ContainerStack(
-                    podman=podman,
-                    project=project,
-                    grpc_url=f"127.0.0.1:{project.port('gateway', 8001)}",
-                    http_url=f"127.0.0.1:{http_port}",
-                    registry_url=f"127.0.0.1:{project.port('registry', 8070)}",
-                    nats_url=f"nats://127.0.0.1:{project.port('nats-1', 4222)}",
-                    model_dir=_model(base),
-                    timings=timings,
-                )
-            finally:
-                try:
-                    project.run("down", "-v", "--remove-orphans", "-t", "30")
-                except ContainerError as exc:
-                    print(f"compose down failed: {exc}")
+                project.run("down", "-v", "--remove-orphans", "-t", "30")
+            except ContainerError as exc:
+                print(f"compose down failed: {exc}")
     finally:
         podman.stop()
 
