@@ -47,6 +47,9 @@ class RegistrySettings(ServiceSettings):
     """How long the previous ``stable`` keeps serving while a newly promoted version
     loads; past it (or as soon as a worker refuses the new version for good) the
     promotion is abandoned and ``stable`` moves back (make-before-break)."""
+    stack_id: str = ""
+    """The stack this registry belongs to (``inferbus up`` sets it): a call that
+    expects another stack is refused (`inferbus_common.stackid`)."""
     admin_token: SecretStr | None = None
     """Token required for every registry call (prefer `admin_token_file`); with
     neither token set the API is open (see docs/security.md)."""
