@@ -13,6 +13,8 @@
 #                    addresses below come from its INFERBUS_BIND and
 #                    INFERBUS_HOST_PORT_REGISTRY / _GRPC / _HTTP, so a stack on
 #                    moved ports gets the push, not whatever holds the defaults
+#   INFERBUS_STACK_ID  the stack the push must reach (default: the env file's
+#                    INFERBUS_STACK_ID, else its COMPOSE_PROJECT_NAME, else inferbus)
 #   REGISTRY         registry gRPC HOST:PORT (default 127.0.0.1:8070)
 #   GATEWAY_GRPC     gateway gRPC HOST:PORT (default 127.0.0.1:8001)
 #   READY_TIMEOUT    seconds to wait until a worker serves it (default 180)
@@ -38,6 +40,9 @@ if [[ "$bind" == "0.0.0.0" ]]; then
     bind=127.0.0.1
 fi
 registry="${REGISTRY:-$bind:$(env_value INFERBUS_HOST_PORT_REGISTRY 8070)}"
+# The stack the push is meant for: the registry and gateway of any other refuse
+# the CLI's calls (FAILED_PRECONDITION), so nothing lands in the wrong stack.
+export INFERBUS_STACK_ID="${INFERBUS_STACK_ID:-$(env_value INFERBUS_STACK_ID "$(env_value COMPOSE_PROJECT_NAME inferbus)")}"
 gateway="${GATEWAY_GRPC:-$bind:$(env_value INFERBUS_HOST_PORT_GRPC 8001)}"
 ready_timeout="${READY_TIMEOUT:-180}"
 secure="${SECURE:-0}"
@@ -63,7 +68,7 @@ config["pool"] = pool
 open(path, "w").write(json.dumps(config, indent=2) + "\n")
 PY
 
-echo "==> pushing fraud version $version (pool $pool, alias stable) to $registry"
+echo "==> pushing fraud version $version (pool $pool, alias stable) to $registry (stack $INFERBUS_STACK_ID)"
 uv run inferbus models push "$work/fraud" --name fraud --version "$version" \
     --alias stable --registry "$registry"
 

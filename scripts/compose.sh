@@ -19,7 +19,7 @@
 #
 # Healthchecks under Podman: Podman runs them from systemd timers, so without
 # systemd a container stays "starting" and `depends_on: service_healthy` waits
-# forever. While compose runs, this script runs the healthcheck of every
+# forever. While compose runs, this script runs the healthcheck of every compose
 # container still "starting" or "unhealthy" (`podman healthcheck run`), every
 # INFERBUS_HEALTHCHECK_INTERVAL seconds (default 1). With a systemd that runs
 # Podman's timers, or with Docker, nothing extra runs.
@@ -70,16 +70,13 @@ fi
 # The subcommand: the first argument that is not an option (or an option's value).
 subcommand=""
 has_file=0
-project=""
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
     a="${args[$i]}"
     case "$a" in
         -f|--file) has_file=1; ((i++)) ;;
         -f*|--file=*) has_file=1 ;;
-        -p|--project-name) project="${args[$((i + 1))]:-}"; ((i++)) ;;
-        --project-name=*) project="${a#*=}" ;;
-        --env-file|--profile|--project-directory|--ansi|--progress|--parallel) ((i++)) ;;
+        -p|--project-name|--env-file|--profile|--project-directory|--ansi|--progress|--parallel) ((i++)) ;;
         -*) ;;
         *) subcommand="$a"; break ;;
     esac
@@ -90,7 +87,6 @@ prefix=()
 if [[ "$has_file" == 0 && -z "${COMPOSE_FILE:-}" ]]; then
     prefix=(-f "$repo/compose/docker-compose.yml")
 fi
-project="${project:-${COMPOSE_PROJECT_NAME:-inferbus}}"
 
 # ------------------------------------------------------------------ which engine
 engine=""
@@ -151,7 +147,9 @@ if [[ "$engine" == podman && "${INFERBUS_HEALTHCHECKS:-1}" == 1 ]]; then
     interval="${INFERBUS_HEALTHCHECK_INTERVAL:-1}"
     (
         trap 'exit 0' TERM
-        label="label=com.docker.compose.project=$project"
+        # Every compose project's containers: the project name may come from an
+        # env file this script does not read, and a check run early is harmless.
+        label="label=com.docker.compose.project"
         while true; do
             for health in starting unhealthy; do
                 for id in $(podman ps -q --filter "$label" --filter "health=$health" 2>/dev/null); do

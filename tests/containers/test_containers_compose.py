@@ -234,11 +234,14 @@ def _reference(stack: ContainerStack, x: np.ndarray) -> np.ndarray:
     return session.run(None, {"input": x})[0]
 
 
-def _push(stack: ContainerStack) -> None:
+def _push(stack: ContainerStack, stack_id: str) -> subprocess.CompletedProcess[str]:
+    """`inferbus models push` through the published registry port, expecting `stack_id`
+    (as compose/push-example.sh does; the stack's id is its project name)."""
     argv = [sys.executable, "-m", "inferbus_cli", "models", "push", str(stack.model_dir)]
     argv += ["--name", MODEL, "--version", "1", "--alias", "stable"]
     argv += ["--registry", stack.registry_url]
-    subprocess.run(argv, check=True, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "INFERBUS_STACK_ID": stack_id}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)
 
 
 async def _wait_ready_workers(
@@ -267,8 +270,13 @@ def test_pushed_model_answers_correctly_over_grpc_and_http(
     container_stack: ContainerStack,
 ) -> None:
     stack = container_stack
+    # A push meant for another stack is refused by this one's registry.
+    misled = _push(stack, "another-stack")
+    assert misled.returncode == 1, misled.stdout
+    assert f"belongs to stack {stack.project.name}, not to stack another-stack" in misled.stderr
     t0 = time.monotonic()
-    _push(stack)
+    pushed = _push(stack, stack.project.name)
+    assert pushed.returncode == 0, pushed.stderr
     grpc = grpcclient.InferenceServerClient(stack.grpc_url)
     try:
         deadline = time.monotonic() + 120

@@ -282,6 +282,25 @@ def test_every_published_port_moves_with_the_env_file(compose_cli: Any, tmp_path
     assert {target for _name, target in published} == defaults
 
 
+def test_registry_and_gateway_carry_the_stack_id_project_name_by_default(
+    compose_cli: Any, tmp_path: Path
+) -> None:
+    def ids(*extra: str, env_file: Path = ENV_EXAMPLE) -> set[str]:
+        result = compose_cli.config(COMPOSE_FILE, env_file, *extra)
+        assert result.returncode == 0, result.stderr
+        services = json.loads(result.stdout)["services"]
+        return {
+            services["registry"]["environment"]["INFERBUS_REGISTRY_STACK_ID"],
+            services["gateway"]["environment"]["INFERBUS_GATEWAY_STACK_ID"],
+        }
+
+    assert ids() == {"inferbus"}
+    assert ids("-p", "second") == {"second"}
+    named = tmp_path / "named.env"
+    named.write_text(ENV_EXAMPLE.read_text() + "INFERBUS_STACK_ID=blue\n")
+    assert ids("-p", "second", env_file=named) == {"blue"}
+
+
 def test_mounted_config_files_exist(compose_model: dict[str, Any]) -> None:
     for name, service in compose_model["services"].items():
         for volume in service.get("volumes", []):
@@ -297,6 +316,7 @@ def test_push_example_script_pushes_through_the_registry_port() -> None:
     # The stack's own ports (compose/.env), never a fixed default another stack may hold.
     assert "INFERBUS_HOST_PORT_REGISTRY 8070" in text
     assert "INFERBUS_HOST_PORT_GRPC 8001" in text
+    assert "export INFERBUS_STACK_ID=" in text, "the CLI must expect this stack"
     assert "--registry" in text
     bash = shutil.which("bash")
     if bash is not None:

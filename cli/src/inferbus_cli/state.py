@@ -234,9 +234,18 @@ def default_gateway_address(home: Path) -> str:
     return _endpoint(home, "gateway_grpc", "127.0.0.1:8001")
 
 
+STACK_ID_ENV = "INFERBUS_STACK_ID"
+"""Environment variable naming the stack every call must reach (a compose stack's:
+compose/push-example.sh sets it); it wins over the state file."""
+
+
 def expected_stack(home: Path, address: str) -> str:
-    """The stack id a call to `address` must reach: the id of the stack under
-    `home` when `address` is one of its endpoints, else "" (no check)."""
+    """The stack id a call to `address` must reach: ``$INFERBUS_STACK_ID`` when set,
+    else the id of the stack under `home` when `address` is one of its endpoints,
+    else "" (no check)."""
+    explicit = os.environ.get(STACK_ID_ENV, "").strip()
+    if explicit:
+        return explicit
     try:
         state = load_state(home)
     except ValueError:
