@@ -411,6 +411,15 @@ async def test_a_killed_worker_and_gateway_come_back_and_serve(
     np.testing.assert_allclose(got, _reference(stack, x), rtol=1e-5, atol=1e-6)
 
 
+def test_no_container_of_the_data_path_runs_as_root(container_stack: ContainerStack) -> None:
+    stack = container_stack
+    uids = {}
+    for service in ("nats-1", "minio", "redis", "registry", "gateway", "worker-cpu"):
+        name = stack.project.container_names(service)[0]
+        uids[service] = stack.podman.podman("exec", name, "id", "-u", timeout=60).strip()
+    assert "0" not in uids.values(), uids
+
+
 def test_compose_down_leaves_nothing(container_stack: ContainerStack) -> None:
     stack = container_stack
     t0 = time.monotonic()
