@@ -183,7 +183,14 @@ def test_registry_stores_artifacts_in_minio(compose_model: dict[str, Any]) -> No
     assert env["INFERBUS_REGISTRY_S3_ENDPOINT"] == "minio:9000"
     minio_env = compose_model["services"]["minio"]["environment"]
     assert env["INFERBUS_REGISTRY_S3_ACCESS_KEY"] == minio_env["MINIO_ROOT_USER"]
-    assert env["INFERBUS_REGISTRY_S3_SECRET_KEY"] == minio_env["MINIO_ROOT_PASSWORD"]
+    # The secret key as a file (compose secret from compose/.env), never an env value.
+    assert "INFERBUS_REGISTRY_S3_SECRET_KEY" not in env
+    assert env["INFERBUS_REGISTRY_S3_SECRET_KEY_FILE"] == "/run/secrets/s3-secret-key"
+    assert {"source": "s3-secret-key", "target": "/run/secrets/s3-secret-key"} in registry[
+        "secrets"
+    ]
+    assert compose_model["secrets"]["s3-secret-key"]["environment"] == "MINIO_ROOT_PASSWORD"
+    assert "MINIO_ROOT_PASSWORD" in minio_env
     bucket_job = compose_model["services"]["minio-init"]
     assert bucket_job["environment"]["INFERBUS_S3_BUCKET"] == env["INFERBUS_REGISTRY_S3_BUCKET"]
     assert "mc mb" in " ".join(bucket_job["command"])

@@ -56,7 +56,7 @@ def open_store(settings: RegistrySettings) -> Store:
         return S3Store(
             settings.s3_endpoint,
             settings.s3_access_key,
-            settings.s3_secret_key,
+            read_secret(settings.s3_secret_key, settings.s3_secret_key_file) or "",
             settings.s3_bucket,
             secure=settings.s3_secure,
             region=settings.s3_region,

@@ -29,7 +29,10 @@ class RegistrySettings(ServiceSettings):
     s3_access_key: str = ""
     """S3 access key."""
     s3_secret_key: str = ""
-    """S3 secret key."""
+    """S3 secret key (prefer `s3_secret_key_file`)."""
+    s3_secret_key_file: Path | None = None
+    """File holding the S3 secret key (a compose or Kubernetes secret); wins over
+    `s3_secret_key`."""
     s3_bucket: str = "inferbus"
     """Bucket holding `models/<name>/<version>/...`."""
     s3_secure: bool = False
