@@ -536,3 +536,35 @@ def test_compose_wrapper_exits_with_compose_status_where_the_wheel_script_does_n
         )  # fmt: skip
         assert "no such file" in dropped.stderr
         print(f"the wheel's docker-compose script exits {dropped.returncode} on that failure")
+
+
+def test_images_script_picks_the_engine_that_answers(tmp_path: Path) -> None:
+    # A docker CLI whose daemon does not answer must not win over a working podman.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, info_status in (("docker", 1), ("podman", 0)):
+        tool = bin_dir / name
+        tool.write_text(f'#!/bin/sh\n[ "$1" = info ] && exit {info_status}\nexit 0\n')
+        tool.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    script = REPO / "scripts" / "images.sh"
+
+    def pick() -> str:
+        # An unknown image stops the script right after the engine is chosen.
+        out = subprocess.run(
+            ["bash", str(script), "no-such-image"],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert out.returncode == 2, out.stderr
+        return out.stderr
+
+    assert "engine: podman" in pick()
+    (bin_dir / "docker").write_text("#!/bin/sh\nexit 0\n")
+    assert "engine: docker" in pick()
+    (bin_dir / "docker").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "podman").write_text("#!/bin/sh\nexit 1\n")
+    out = subprocess.run(
+        ["bash", str(script), "gateway"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 1 and "no daemon answers" in out.stderr, out.stderr
