@@ -1,11 +1,13 @@
-"""The container stack for real (issue #20): images built from the repository's
-Dockerfiles, `docker compose up` (the Compose v2 binary) under Podman with a
-three-node NATS cluster, a model pushed with the CLI through the published
-ports, correct predictions over gRPC and HTTP, the CPU workers scaled 2 -> 1 ->
-2 -> 1 under closed-loop load with the documented command (no request fails, no
-other container is recreated: same ids and creation times), a worker and the
-gateway killed (SIGKILL of their process) coming back and serving, and `docker
-compose down` leaving nothing behind.
+"""The container stack for real (issues #20, #28): images built from the repository's
+Dockerfiles, `up` through scripts/compose.sh (the Compose v2 binary, and the
+healthcheck runner Podman lacks) under Podman with a three-node NATS cluster and
+two CPU workers, a push meant for another stack refused, a model pushed with the
+CLI through the published ports, correct predictions over gRPC and HTTP, the
+CPU workers scaled 2 -> 1 -> 2 -> 1 under closed-loop load with the documented
+command (no request fails, no other container is recreated: same ids and
+creation times), a worker and the gateway killed (SIGKILL of their process)
+coming back and serving, no container of the data path running as root, and
+`down` leaving nothing behind.
 
 One stack for the module, the tests in order. Skipped, with the reason, where
 Podman cannot run (not Linux, not root, tools missing, `podman info` failing, or
