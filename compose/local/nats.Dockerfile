@@ -9,5 +9,9 @@ RUN python3 -m venv /opt/nats \
 
 FROM ${BASE_IMAGE}
 COPY --from=fetch /opt/nats/bin/nats-server /usr/local/bin/nats-server
+# Not root: its own uid, owning the JetStream store (a new named volume on /data
+# takes the directory's owner).
+RUN mkdir /data && chown 10001:10001 /data
+USER 10001:10001
 EXPOSE 4222 6222 8222
 ENTRYPOINT ["nats-server"]

@@ -11,6 +11,10 @@ RUN python3 -m venv /opt/weed \
 FROM ${BASE_IMAGE}
 COPY --from=fetch /opt/weed/bin/weed /usr/local/bin/weed
 COPY compose/local/s3-entrypoint.sh /usr/local/bin/s3-entrypoint
+# Not root: its own uid, owning the store and the identity file it writes at start
+# (a new named volume on /data takes the directory's owner).
+RUN mkdir -p /data /etc/seaweedfs && chown 10001:10001 /data /etc/seaweedfs
+USER 10001:10001
 VOLUME /data
 EXPOSE 9000
 ENTRYPOINT ["s3-entrypoint"]

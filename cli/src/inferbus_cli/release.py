@@ -13,7 +13,7 @@ from typing import TypeVar
 import grpc
 
 from inferbus_cli.rpc import registry_channel, registry_stub, rpc_error_text
-from inferbus_cli.state import default_registry_address, resolve_home
+from inferbus_cli.state import default_registry_address, expected_stack, resolve_home
 from inferbus_proto.registry import registry_pb2_grpc
 
 T = TypeVar("T")
@@ -41,7 +41,7 @@ def call(
 ) -> T | None:
     """Run one registry call; on failure print ``error: <what>: STATUS: msg`` and give None."""
     address = registry_address(args)
-    with registry_channel(address) as channel:
+    with registry_channel(address, expected_stack(resolve_home(args.home), address)) as channel:
         try:
             return fn(registry_stub(channel))
         except grpc.RpcError as exc:

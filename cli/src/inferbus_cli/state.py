@@ -75,6 +75,9 @@ class StackState:
         processes: in start order; they are stopped in reverse.
         endpoints: addresses to call (``gateway_grpc``, ``gateway_http``,
             ``registry``, ``nats``, ``redis`` ...).
+        stack_id: this stack's id, also given to its registry and gateways; a
+            command reaching them through this file expects it
+            (`inferbus_common.stackid`). Empty in files of older versions.
     """
 
     home: str
@@ -83,6 +86,7 @@ class StackState:
     supervisor_pid: int = 0
     processes: list[ProcessRecord] = field(default_factory=list)
     endpoints: dict[str, str] = field(default_factory=dict)
+    stack_id: str = ""
 
     def to_json(self) -> str:
         """Serialise as indented JSON (with a format version)."""
@@ -106,6 +110,7 @@ class StackState:
             supervisor_pid=int(raw.get("supervisor_pid", 0)),
             processes=procs,
             endpoints=dict(raw.get("endpoints", {})),
+            stack_id=str(raw.get("stack_id", "")),
         )
 
 
@@ -227,6 +232,27 @@ def default_registry_address(home: Path) -> str:
 def default_gateway_address(home: Path) -> str:
     """Gateway KServe gRPC address: from the running stack's state, else 127.0.0.1:8001."""
     return _endpoint(home, "gateway_grpc", "127.0.0.1:8001")
+
+
+STACK_ID_ENV = "INFERBUS_STACK_ID"
+"""Environment variable naming the stack every call must reach (a compose stack's:
+compose/push-example.sh sets it); it wins over the state file."""
+
+
+def expected_stack(home: Path, address: str) -> str:
+    """The stack id a call to `address` must reach: ``$INFERBUS_STACK_ID`` when set,
+    else the id of the stack under `home` when `address` is one of its endpoints,
+    else "" (no check)."""
+    explicit = os.environ.get(STACK_ID_ENV, "").strip()
+    if explicit:
+        return explicit
+    try:
+        state = load_state(home)
+    except ValueError:
+        return ""
+    if state is None or address not in state.endpoints.values():
+        return ""
+    return state.stack_id
 
 
 def _endpoint(home: Path, key: str, fallback: str) -> str:

@@ -459,6 +459,7 @@ class Stack:
             supervisor_pid=os.getpid(),
             processes=[c.record for c in self.children],
             endpoints=dict(self.endpoints),
+            stack_id=self.options.stack_id,
         )
 
     def crashed(self) -> list[Child]:

@@ -11,8 +11,8 @@ from typing import Any
 import grpc
 import numpy as np
 
-from inferbus_cli.rpc import inference_stub, open_channel, rpc_error_text
-from inferbus_cli.state import default_gateway_address, resolve_home
+from inferbus_cli.rpc import check_gateway_stack, inference_stub, open_channel, rpc_error_text
+from inferbus_cli.state import default_gateway_address, expected_stack, resolve_home
 from inferbus_cli.tensors import (
     build_request,
     check_datatype_known,
@@ -38,7 +38,12 @@ def run(args: argparse.Namespace) -> int:
         given = [parse_input_arg(text) for text in args.input]
     except ValueError as exc:
         return _fail(str(exc))
-    with open_channel(address) as channel:
+    stack = expected_stack(resolve_home(args.home), address)
+    with open_channel(address, stack_id=stack) as channel:
+        try:
+            check_gateway_stack(channel, stack)
+        except grpc.RpcError as exc:
+            return _fail(rpc_error_text(exc, address))
         stub = inference_stub(channel)
         try:
             meta = stub.ModelMetadata(

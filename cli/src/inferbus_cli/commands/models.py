@@ -17,12 +17,18 @@ import grpc
 
 from inferbus_cli.progress import ProgressBar
 from inferbus_cli.rpc import (
+    check_gateway_stack,
     inference_stub,
     registry_channel,
     registry_stub,
     rpc_error_text,
 )
-from inferbus_cli.state import default_gateway_address, default_registry_address, resolve_home
+from inferbus_cli.state import (
+    default_gateway_address,
+    default_registry_address,
+    expected_stack,
+    resolve_home,
+)
 from inferbus_cli.table import format_table
 from inferbus_client.artifacts import PushError, VerifiedFile, collect_files, push_messages
 from inferbus_common.modelconfig import ModelConfig
@@ -73,6 +79,11 @@ def _registry_address(args: argparse.Namespace) -> str:
     return args.registry or default_registry_address(resolve_home(args.home))
 
 
+def _stack(args: argparse.Namespace, address: str) -> str:
+    """The stack id `address` must belong to (the state file's, when it is its endpoint)."""
+    return expected_stack(resolve_home(args.home), address)
+
+
 def run_push(args: argparse.Namespace) -> int:
     """Upload a version; print its digest."""
     address = _registry_address(args)
@@ -89,7 +100,7 @@ def run_push(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     bar = ProgressBar(total, f"push {args.name} {args.version}", enabled=_progress(args))
-    with registry_channel(address) as channel:
+    with registry_channel(address, _stack(args, address)) as channel:
         try:
             info = registry_stub(channel).PushVersion(
                 push_messages(
@@ -176,7 +187,7 @@ def _numbered(version: str, numbers: dict[str, int]) -> str:
 def run_list(args: argparse.Namespace) -> int:
     """List every model with its versions and aliases."""
     address = _registry_address(args)
-    with registry_channel(address) as channel:
+    with registry_channel(address, _stack(args, address)) as channel:
         try:
             resp = registry_stub(channel).ListModels(rpb.ListModelsRequest(), timeout=args.timeout)
         except grpc.RpcError as exc:
@@ -206,7 +217,7 @@ def run_list(args: argparse.Namespace) -> int:
 def run_get(args: argparse.Namespace) -> int:
     """Print one version (number or alias; default `stable`) as JSON."""
     address = _registry_address(args)
-    with registry_channel(address) as channel:
+    with registry_channel(address, _stack(args, address)) as channel:
         try:
             info = registry_stub(channel).GetVersion(
                 rpb.GetVersionRequest(model=args.name, version=args.version or ""),
@@ -221,7 +232,7 @@ def run_get(args: argparse.Namespace) -> int:
 def run_alias(args: argparse.Namespace) -> int:
     """Point an alias at a version."""
     address = _registry_address(args)
-    with registry_channel(address) as channel:
+    with registry_channel(address, _stack(args, address)) as channel:
         try:
             info = registry_stub(channel).SetAlias(
                 rpb.SetAliasRequest(
@@ -245,7 +256,11 @@ def run_wait(args: argparse.Namespace) -> int:
     address = args.url or default_gateway_address(home)
     deadline = time.monotonic() + args.timeout
     last = "not asked yet"
-    with registry_channel(address) as channel:
+    with registry_channel(address, _stack(args, address)) as channel:
+        try:
+            check_gateway_stack(channel, _stack(args, address))
+        except grpc.RpcError as exc:
+            return _fail(rpc_error_text(exc, address))
         stub = inference_stub(channel)
         while True:
             try:
@@ -276,7 +291,7 @@ def _progress(args: argparse.Namespace) -> bool | None:
 
 def _lifecycle(args: argparse.Namespace, rpc: str, request: object) -> int:
     address = _registry_address(args)
-    with registry_channel(address) as channel:
+    with registry_channel(address, _stack(args, address)) as channel:
         try:
             info = getattr(registry_stub(channel), rpc)(request, timeout=args.timeout)
         except grpc.RpcError as exc:
@@ -357,7 +372,7 @@ def download_file(
 def run_download(args: argparse.Namespace) -> int:
     """Download one artifact file of a version (default: the config's model file)."""
     address = _registry_address(args)
-    with registry_channel(address) as channel:
+    with registry_channel(address, _stack(args, address)) as channel:
         stub = registry_stub(channel)
         try:
             path = args.file

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from types import FrameType
 
@@ -89,6 +90,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         llm_python=None if getattr(args, "no_llm", False) else find_vllm_python(),
         nats_cluster=args.nats_cluster,
         gpus=gpu_uuids,
+        stack_id=uuid.uuid4().hex[:12],
     )
 
 

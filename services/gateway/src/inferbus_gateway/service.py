@@ -80,8 +80,10 @@ class InferenceService:
         trace: TraceSettings | None = None,
         log_settings: LogSettings | None = None,
         settings_tenants: Sequence[str] = (),
+        stack_id: str = "",
     ) -> None:
         self._nc = nc
+        self.stack_id = stack_id
         self._catalog = catalog
         self._handler = handler
         self.server_name = server_name

@@ -66,6 +66,9 @@ class GatewaySettings(ServiceSettings):
     audit_batch_ms: float = Field(default=20.0, ge=0)
     """Audit records of one model are published together, one message at most every
     this many ms (one record per line); 0 publishes each record as its own message."""
+    stack_id: str = ""
+    """The stack this gateway belongs to (``inferbus up`` sets it): ServerMetadata
+    refuses a client that expects another (`inferbus_common.stackid`)."""
     server_name: str = "inferbus"
     """Name reported by ServerMetadata (``INFERBUS_GATEWAY_SERVER_NAME``; Triton's
     health/metadata example clients expect ``triton``)."""

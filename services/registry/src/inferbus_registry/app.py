@@ -25,6 +25,7 @@ from inferbus_common.lifecycle import default_instance_id
 from inferbus_common.ops import bind_socket, ops_app, serve_http, write_ports_file
 from inferbus_common.registrychannel import message_size_options
 from inferbus_common.signing import load_private_key, parse_trusted_keys
+from inferbus_common.stackid import StackGuard
 from inferbus_common.subjects import Subjects
 from inferbus_proto.registry import registry_pb2_grpc
 from inferbus_registry.grpcerrors import NATS_ERRORS
@@ -55,7 +56,7 @@ def open_store(settings: RegistrySettings) -> Store:
         return S3Store(
             settings.s3_endpoint,
             settings.s3_access_key,
-            settings.s3_secret_key,
+            read_secret(settings.s3_secret_key, settings.s3_secret_key_file) or "",
             settings.s3_bucket,
             secure=settings.s3_secure,
             region=settings.s3_region,
@@ -219,7 +220,7 @@ class RegistryApp:
             read_methods=READ_METHODS,
         )
         server = grpc.aio.server(
-            interceptors=[guard],
+            interceptors=[StackGuard(settings.stack_id, "registry"), guard],
             options=message_size_options(settings.grpc_max_message_bytes),
         )
         self.pools = PoolBook(self._nc, self.subjects)

@@ -29,7 +29,10 @@ class RegistrySettings(ServiceSettings):
     s3_access_key: str = ""
     """S3 access key."""
     s3_secret_key: str = ""
-    """S3 secret key."""
+    """S3 secret key (prefer `s3_secret_key_file`)."""
+    s3_secret_key_file: Path | None = None
+    """File holding the S3 secret key (a compose or Kubernetes secret); wins over
+    `s3_secret_key`."""
     s3_bucket: str = "inferbus"
     """Bucket holding `models/<name>/<version>/...`."""
     s3_secure: bool = False
@@ -47,6 +50,9 @@ class RegistrySettings(ServiceSettings):
     """How long the previous ``stable`` keeps serving while a newly promoted version
     loads; past it (or as soon as a worker refuses the new version for good) the
     promotion is abandoned and ``stable`` moves back (make-before-break)."""
+    stack_id: str = ""
+    """The stack this registry belongs to (``inferbus up`` sets it): a call that
+    expects another stack is refused (`inferbus_common.stackid`)."""
     admin_token: SecretStr | None = None
     """Token required for every registry call (prefer `admin_token_file`); with
     neither token set the API is open (see docs/security.md)."""

@@ -8,6 +8,7 @@ from typing import TypeVar
 
 import grpc
 
+from inferbus_common import stackid
 from inferbus_common.errors import (
     InferbusError,
     InvalidArgument,
@@ -160,7 +161,11 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=self._service.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request, context):
-        """Server name, version, extensions."""
+        """Server name, version, extensions; FAILED_PRECONDITION when the client
+        expects another stack (`inferbus_common.stackid`: the CLI asks first)."""
+        refused = stackid.refusal("gateway", self._service.stack_id, context.invocation_metadata())
+        if refused is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refused)
         md = self._service.server_metadata()
         return pb.ServerMetadataResponse(
             name=md["name"], version=md["version"], extensions=md["extensions"]
