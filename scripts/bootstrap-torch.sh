@@ -12,9 +12,11 @@
 # a worker of the ordinary .venv starts and serves everything else, and refuses
 # such versions with FAILED_PRECONDITION naming this script.
 #
-# The worker's dependencies are pinned to uv.lock's versions (`uv export`), so
-# the torch worker runs the same onnxruntime, grpcio, nats-py... as the others;
-# the inferbus packages are installed editable without dependencies.
+# The worker's and the CLI's dependencies are pinned to uv.lock's versions (`uv
+# export`), so the torch worker runs the same onnxruntime, grpcio, nats-py... as
+# the others; the inferbus packages are installed editable without dependencies.
+# The CLI is there for `.venvs/torch/bin/inferbus models profile` of a PyTorch
+# version (torch's profiler runs where the CLI runs).
 #
 # Needs pip to find torch 2.13.0 (CPU: pip's find-links or PyTorch's CPU index,
 # e.g. PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu on a stock machine).
@@ -43,13 +45,14 @@ if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
     "$PY" -m pip install --quiet "$PKG"
 fi
 
-# The worker's runtime dependencies at uv.lock's versions (torch's own numpy
-# requirement is loose enough to take the locked one).
-reqs="$VENV/worker-requirements.txt"
+# The worker's and the CLI's runtime dependencies at uv.lock's versions (torch's
+# own requirements are loose enough to take the locked ones).
+reqs="$VENV/inferbus-requirements.txt"
 uv export --frozen --no-hashes --no-dev --no-emit-workspace --no-header --no-annotate \
-    --package inferbus-worker-gpu > "$reqs"
+    --package inferbus-worker-gpu --package inferbus-cli > "$reqs"
 "$PY" -m pip install --quiet -r "$reqs"
-"$PY" -m pip install --quiet --no-deps -e libs/common -e libs/proto -e services/worker-gpu
+"$PY" -m pip install --quiet --no-deps -e libs/common -e libs/proto -e libs/client \
+    -e services/worker-gpu -e cli
 
 "$PY" -c 'import torch, onnxruntime, inferbus_worker.worker; print("torch", torch.__version__)' >&2
 log "done: run a worker that serves .pt/.pt2 versions with $PY -m inferbus_worker"
