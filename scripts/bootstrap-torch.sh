@@ -49,10 +49,16 @@ fi
 # own requirements are loose enough to take the locked ones).
 reqs="$VENV/inferbus-requirements.txt"
 uv export --frozen --no-hashes --no-dev --no-emit-workspace --no-header --no-annotate \
-    --package inferbus-worker-gpu --package inferbus-cli > "$reqs"
-"$PY" -m pip install --quiet -r "$reqs"
-"$PY" -m pip install --quiet --no-deps -e libs/common -e libs/proto -e libs/client \
-    -e services/worker-gpu -e cli
+    --package inferbus-worker-gpu --package inferbus-cli > "$reqs.new"
+# Seconds when nothing changed: pip runs only when the locked set did.
+if ! cmp -s "$reqs.new" "$reqs" || ! "$PY" -c 'import inferbus_cli, inferbus_worker' 2>/dev/null; then
+    "$PY" -m pip install --quiet -r "$reqs.new"
+    "$PY" -m pip install --quiet --no-deps -e libs/common -e libs/proto -e libs/client \
+        -e services/worker-gpu -e cli
+    mv "$reqs.new" "$reqs"
+else
+    rm -f "$reqs.new"
+fi
 
 "$PY" -c 'import torch, onnxruntime, inferbus_worker.worker; print("torch", torch.__version__)' >&2
 log "done: run a worker that serves .pt/.pt2 versions with $PY -m inferbus_worker"
