@@ -15,6 +15,9 @@ the version and scripts/bootstrap-torch.sh) while it keeps answering the ONNX
 model. A ``.pt2`` pushed without config.json gets its config from the
 program's signature (the registry reads it without torch).
 
+``inferbus models profile`` of a PyTorch version runs torch's profiler with
+the CLI of .venvs/torch, and is refused, saying so, by a CLI without torch.
+
 Skips only when .venvs/torch is missing.
 """
 
@@ -207,3 +210,29 @@ def test_pt2_without_config_gets_one_from_its_signature(
     tensors = [(t["name"], t["datatype"], t["shape"]) for t in config["inputs"] + config["outputs"]]
     assert tensors == [("input", "FP32", [-1, 64]), ("softmax", "FP32", [-1, 2])]
     assert doc["manifest"]["signature"] is None or doc["manifest"]["signature"]["value"]
+
+
+def test_profile_runs_torch_profiler_where_torch_is(
+    stack: LocalStack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    version = _version(tmp_path / "prof", "pt", name="mlp-prof", pool="torch")
+    stack.push(version, "mlp-prof")
+    registry = ["--registry", stack.registry_url]
+    args = ["models", "profile", "mlp-prof", "1", "--batch", "1,32", "--top", "5", *registry]
+    # This environment (the workspace's .venv) has no torch: refused, saying where it is.
+    assert cli(args) == 1
+    said = capsys.readouterr().err
+    assert "mlp-prof 1 is a PyTorch program" in said and ".venvs/torch/bin/inferbus" in said
+    run = subprocess.run(
+        [str(TORCH_PYTHON), "-m", "inferbus_cli", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert sorted(doc["batches"]) == ["1", "32"]
+    for ops in doc["batches"].values():
+        names = [op["op"] for op in ops]
+        assert any(n.startswith("aten::") for n in names), names
+        assert all(op["calls"] > 0 and 0 < op["share"] <= 1 for op in ops)

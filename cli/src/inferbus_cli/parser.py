@@ -265,7 +265,7 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     _registry_options(opt, timeout=300.0)
     opt.set_defaults(handler="optimize:run_optimize")
 
-    prof = msub.add_parser("profile", help="ONNX Runtime profiler: top operators per batch")
+    prof = msub.add_parser("profile", help="ONNX Runtime (or torch) profiler: top ops per batch")
     prof.add_argument("name", help="model name")
     prof.add_argument("version", help="version or alias")
     prof.add_argument("--batch", default="1,8,32", help="batch sizes, comma-separated")
