@@ -122,6 +122,12 @@ def test_programs_answer_like_torch_over_grpc_and_http_in_batches(
     version = _version(tmp_path / model, fmt, "--logits", name=model, pool="torch")
     stack.push(version, model)
     stack.wait_model_ready(model, timeout=90)
+    client = grpcclient.InferenceServerClient(stack.grpc_url)
+    try:
+        triton = client.get_model_config(model, as_json=True)["config"]
+    finally:
+        client.close()
+    assert (triton["platform"], triton["backend"]) == ("pytorch_libtorch", "pytorch")
 
     x = np.random.default_rng(7).standard_normal((48, 64)).astype(np.float32)
     ref = torch_reference(version / f"model.{fmt}", x, tmp_path)
