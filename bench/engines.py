@@ -17,8 +17,9 @@ Engine-only: the worker's own engines (`inferbus_worker.engines.build_engine`:
 what a worker loads for the version, one intra-op thread, the configs'
 default), ``Engine.run`` called in this process on a read-only float32 array
 (as the worker passes a request's bytes), p50 and p90 of ``--runs`` calls
-after warm-up, at batch 1 and 32. The error column is the max abs difference
-of ``probabilities`` against ONNX Runtime on the same rows.
+after warm-up, at batch 1 and 32, the engines taken in turn in 5 rounds. The
+error column is the max abs difference of ``probabilities`` against ONNX
+Runtime on the same rows.
 
 ``--stack``: a `LocalStack` whose one worker runs with ``.venvs/torch`` and
 serves the three fraud versions; p50 latency of sequential one-row gRPC
@@ -81,40 +82,48 @@ def _config(directory: Path, name: str) -> ModelConfig:
     return ModelConfig.model_validate({**doc, "name": name})
 
 
-def engine_only(dirs: dict[str, Path], runs: int) -> list[dict[str, Any]]:
-    """p50/p90 of ``Engine.run`` per engine and batch size, and the error against ONNX."""
-    rows = []
-    reference: dict[int, np.ndarray] = {}
+def engine_only(dirs: dict[str, Path], runs: int, rounds: int = 5) -> list[dict[str, Any]]:
+    """p50/p90 of ``Engine.run`` per engine and batch size, and the error against ONNX.
+
+    Every engine is loaded first; then `rounds` rounds each time every engine
+    in turn (``runs / rounds`` calls per round), so that a noisy neighbour or
+    the allocator's state hits all of them alike.
+    """
     width = _config(dirs["onnxruntime"], "m").inputs[0].shape[1]
+    engines = {}
     for engine_name, directory in dirs.items():
-        config = _config(directory, "bench")
-        engine = build_engine(config, directory, trt_cache_dir=directory / "trt")
+        engine = build_engine(_config(directory, "bench"), directory, trt_cache_dir=directory)
         engine.load()
         engine.warmup([1, 32])
-        for batch in (1, 32):
-            x = np.random.default_rng(batch).standard_normal((batch, width)).astype(np.float32)
-            x = np.frombuffer(x.tobytes(), np.float32).reshape(batch, width)  # read-only
-            feeds = {"input": x}
+        engines[engine_name] = engine
+    rows = []
+    for batch in (1, 32):
+        x = np.random.default_rng(batch).standard_normal((batch, width)).astype(np.float32)
+        feeds = {"input": np.frombuffer(x.tobytes(), np.float32).reshape(batch, width)}
+        times: dict[str, list[float]] = {name: [] for name in engines}
+        answers = {}
+        for name, engine in engines.items():
             for _ in range(max(20, runs // 20)):
-                engine.run(feeds, ["probabilities"])
-            times = []
-            for _ in range(runs):
-                start = time.perf_counter_ns()
-                out = engine.run(feeds, ["probabilities"])
-                times.append((time.perf_counter_ns() - start) / 1000)
-            got = out["probabilities"]
-            reference.setdefault(batch, got)
-            times.sort()
+                answers[name] = engine.run(feeds, ["probabilities"])["probabilities"]
+        for _ in range(rounds):
+            for name, engine in engines.items():
+                for _ in range(max(1, runs // rounds)):
+                    start = time.perf_counter_ns()
+                    engine.run(feeds, ["probabilities"])
+                    times[name].append((time.perf_counter_ns() - start) / 1000)
+        for name, engine in engines.items():
+            ordered = sorted(times[name])
             rows.append(
                 {
-                    "engine": engine_name,
+                    "engine": name,
                     "description": engine.description,
                     "batch": batch,
-                    "p50_us": round(statistics.median(times), 1),
-                    "p90_us": round(times[int(len(times) * 0.9)], 1),
-                    "max_abs_diff": float(np.abs(got - reference[batch]).max()),
+                    "p50_us": round(statistics.median(ordered), 1),
+                    "p90_us": round(ordered[int(len(ordered) * 0.9)], 1),
+                    "max_abs_diff": float(np.abs(answers[name] - answers["onnxruntime"]).max()),
                 }
             )
+    for engine in engines.values():
         engine.close()
     return rows
 
