@@ -207,7 +207,11 @@ def test_pt2_without_config_gets_one_from_its_signature(
 ) -> None:
     version = build_torch_mlp(tmp_path / "bare", "pt2", "--no-config")
     assert sorted(p.name for p in version.iterdir()) == ["model.pt2"]
-    stack.push(version, "pt2-bare")
+    # The bare file, as a person would push it: the CLI prints what was derived.
+    push = ["models", "push", str(version / "model.pt2"), "--name", "pt2-bare"]
+    assert cli([*push, "--version", "1", "--registry", stack.registry_url]) == 0
+    said = capsys.readouterr().err
+    assert "the registry derived it from model.pt2" in said, said
     assert cli(["models", "get", "pt2-bare", "--registry", stack.registry_url]) == 0
     doc = json.loads(capsys.readouterr().out)
     config = doc["config"]
@@ -229,6 +233,10 @@ def test_profile_runs_torch_profiler_where_torch_is(
     assert cli(args) == 1
     said = capsys.readouterr().err
     assert "mlp-prof 1 is a PyTorch program" in said and ".venvs/torch/bin/inferbus" in said
+    # models optimize converts ONNX only: refused, naming the engine.
+    optimize = ["models", "optimize", "mlp-prof", "1", "--fp16", *registry]
+    assert cli(optimize) == 1
+    assert "this version's engine is 'pytorch'" in capsys.readouterr().err
     run = subprocess.run(
         [str(TORCH_PYTHON), "-m", "inferbus_cli", *args, "--json"],
         capture_output=True,

@@ -180,8 +180,8 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     push = msub.add_parser("push", help="upload a model version")
     push.add_argument(
         "path",
-        help="version directory (config.json + artifact), a .onnx file, or a scikit-learn "
-        "model.pkl/model.joblib (converted to ONNX by the registry)",
+        help="version directory (config.json + artifact), a .onnx or torch.export .pt2 file, "
+        "or a scikit-learn model.pkl/model.joblib (converted to ONNX by the registry)",
     )
     push.add_argument("--name", required=True, help="model name")
     push.add_argument("--version", required=True, help="version, e.g. 1 or 1.2.0")
@@ -190,8 +190,8 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     )
     push.add_argument(
         "--config",
-        help="config.json for a single-file PATH (without it a .onnx file's config is "
-        "derived from its graph, and printed)",
+        help="config.json for a single-file PATH (without it a .onnx or .pt2 file's config "
+        "is derived from its graph, and printed)",
     )
     push.add_argument("--json", action="store_true", help="print the version as JSON")
     push.add_argument(

@@ -80,6 +80,12 @@ def run_optimize(args: argparse.Namespace) -> int:
             return models._fail(f"{args.name} {args.version}: {rpc_error_text(exc, '')}")
         except (ValueError, OSError) as exc:
             return models._fail(str(exc))
+        kind = config.get("engine", {}).get("kind", "onnxruntime")
+        if kind != "onnxruntime":
+            return models._fail(
+                f"{args.name} {source}: models optimize converts ONNX models; this version's "
+                f"engine is {kind!r} ({config.get('file')})"
+            )
         target = args.to or f"{source}-{mode}"
         out = work / "version"
         out.mkdir()
