@@ -94,3 +94,22 @@ def test_real_programs_pass_and_a_pt2_signature_is_compared(programs: Path) -> N
     derived = derive_torch_config(pt2, "m")
     assert [s.name for s in derived.outputs] == ["softmax", "linear_1"]
     assert derived.max_batch_size == 32 and derived.platform == "pytorch_libtorch"
+
+
+def test_a_batching_config_needs_axis_0_to_take_its_batches(programs: Path) -> None:
+    small = build_torch_mlp(programs / "max16", "pt2", "--max-batch", "16", "--no-config")
+    pt2 = small / "model.pt2"
+    derived = derive_torch_config(pt2, "m")
+    assert derived.max_batch_size == 16  # the program's own bound, under the usual 32
+    check_torch_file(pt2, derived, "m")
+    with pytest.raises(InvalidArgument, match=r"takes 1\.\.16 rows on axis 0.*1\.\.32"):
+        check_torch_file(pt2, _config("model.pt2"), "m")  # max_batch_size 32
+    fixed = ModelConfig.model_validate(
+        {
+            **_config("model.pt2").model_dump(),
+            "max_batch_size": 0,
+            "inputs": [{"name": "input", "datatype": "FP32", "shape": [3, 64]}],
+            "outputs": [{"name": "probabilities", "datatype": "FP32", "shape": [3, 2]}],
+        }
+    )
+    check_torch_file(pt2, fixed, "m")  # literal shapes: the dynamic axis takes 3 rows

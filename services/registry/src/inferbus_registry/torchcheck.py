@@ -9,7 +9,9 @@ Both formats are zip archives:
   TorchScript records no input shapes: the config.json names the tensors.
 * torch.export (``model.pt2``, ``torch.export.save``): its graph is JSON
   (``<root>/models/model.json``) with the signature's tensors, their dtypes
-  and sizes (symbolic ones are ``-1`` here). `check_torch_file` compares the
+  and sizes (symbolic ones are ``-1`` here, their bounds in
+  ``range_constraints``). For a batching config, axis 0 must take
+  1..``max_batch_size`` rows. `check_torch_file` compares the
   config's engine tensors with it (count, datatype, rank, fixed dimensions;
   names are free: the worker passes inputs by position), and
   `derive_torch_config` writes the config of a ``.pt2`` pushed without one
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +61,21 @@ def _archive(path: Path, model: str) -> zipfile.ZipFile:
         ) from None
 
 
-def pt2_signature(path: Path, model: str) -> tuple[list[TensorSpec], list[TensorSpec]] | None:
+@dataclass(frozen=True)
+class Signature:
+    """What a torch.export archive says about its user inputs and outputs."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    first_dims: list[int | tuple[int, int] | None]
+    """Per input, axis 0: a fixed size, the (min, max) of its symbol, or None
+    (no axis, or an expression this reader does not bound)."""
+
+
+_SYMBOL = re.compile(r"^Symbol\('(\w+)'")
+
+
+def pt2_signature(path: Path, model: str) -> Signature | None:
     """The user inputs and outputs of a torch.export archive, None when unreadable.
 
     None: the archive has no graph JSON this reader knows (another torch
@@ -77,10 +95,55 @@ def pt2_signature(path: Path, model: str) -> tuple[list[TensorSpec], list[Tensor
             specs = module["signature"]
             inputs = [s["user_input"]["arg"] for s in specs["input_specs"] if "user_input" in s]
             outputs = [s["user_output"]["arg"] for s in specs["output_specs"] if "user_output" in s]
+            ranges: dict[str, Any] = doc.get("range_constraints", {})
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("%s: unknown torch.export graph layout (%r); not checked", path.name, exc)
             return None
-    return _specs("input", inputs, values, model), _specs("output", outputs, values, model)
+    in_specs = _specs("input", inputs, values, model)
+    return Signature(
+        in_specs,
+        _specs("output", outputs, values, model),
+        [_first_dim(values[s.name], ranges) for s in in_specs],
+    )
+
+
+def _first_dim(meta: dict[str, Any], ranges: dict[str, Any]) -> int | tuple[int, int] | None:
+    sizes = meta.get("sizes") or []
+    if not sizes:
+        return None
+    first = sizes[0]
+    if "as_int" in first:
+        return int(first["as_int"])
+    match = _SYMBOL.match(str(first.get("as_expr", {}).get("expr_str", "")))
+    bounds = ranges.get(match.group(1)) if match else None
+    if not isinstance(bounds, dict):
+        return None
+    try:
+        return int(bounds["min_val"]), int(bounds["max_val"])
+    except (KeyError, TypeError, ValueError):  # an unbounded max is serialized otherwise
+        return None
+
+
+def _check_batch_axis(config: ModelConfig, signature: Signature, model: str) -> None:
+    """A batching config needs a program whose axis 0 takes 1..max_batch_size rows."""
+    if config.max_batch_size <= 0:
+        return
+    for spec, first in zip(signature.inputs, signature.first_dims, strict=True):
+        where = f"{model}: the exported program's input '{spec.name}'"
+        if isinstance(first, int):
+            raise InvalidArgument(
+                f"{where} takes exactly {first} row(s) on axis 0, and config.json batches "
+                f"(max_batch_size {config.max_batch_size}): export it with a dynamic batch "
+                "dimension (torch.export.Dim) or set max_batch_size 0"
+            )
+        if isinstance(first, tuple):
+            low, high = first
+            if low > 1 or high < config.max_batch_size:
+                raise InvalidArgument(
+                    f"{where} takes {low}..{high} rows on axis 0; config.json's batches hold "
+                    f"1..{config.max_batch_size} (max_batch_size): export with "
+                    f"Dim(min=1, max>={config.max_batch_size}) or lower max_batch_size"
+                )
 
 
 def _specs(kind: str, args: list[Any], values: dict[str, Any], model: str) -> list[TensorSpec]:
@@ -135,8 +198,9 @@ def check_torch_file(path: Path, config: ModelConfig, model: str) -> None:
         signature = pt2_signature(path, model)
         if signature is not None:
             view = config.engine_view()
-            _compare("input", view.inputs, signature[0], model)
-            _compare("output", view.outputs, signature[1], model)
+            _compare("input", view.inputs, signature.inputs, model)
+            _compare("output", view.outputs, signature.outputs, model)
+            _check_batch_axis(config, signature, model)
         return
     with _archive(path, model) as archive:
         names = archive.namelist()
@@ -151,8 +215,8 @@ def check_torch_file(path: Path, config: ModelConfig, model: str) -> None:
 def derive_torch_config(path: Path, model: str) -> ModelConfig:
     """The config of a ``.pt2`` pushed without one, from its signature.
 
-    Batched (``max_batch_size`` 32, axis 0 dynamic) when every tensor's first
-    dimension is symbolic; otherwise ``max_batch_size`` 0.
+    Batched (``max_batch_size`` 32, or less when axis 0's bound is lower) when
+    every tensor's first dimension is symbolic; otherwise ``max_batch_size`` 0.
 
     Raises:
         InvalidArgument: a TorchScript file (it records no shapes), or an
@@ -168,9 +232,11 @@ def derive_torch_config(path: Path, model: str) -> ModelConfig:
         raise InvalidArgument(
             f"{model}: cannot read the signature of {path.name}: push a config.json"
         )
-    inputs, outputs = signature
+    inputs, outputs = signature.inputs, signature.outputs
     every = [*inputs, *outputs]
     batched = bool(every) and all(s.shape and s.shape[0] == -1 for s in every)
+    # Batches as large as every input's axis 0 takes, up to the usual 32.
+    highs = [f[1] for f in signature.first_dims if isinstance(f, tuple)]
     fields: dict[str, object] = {
         "name": model,
         "file": path.name,
@@ -180,6 +246,8 @@ def derive_torch_config(path: Path, model: str) -> ModelConfig:
     }
     if not batched:
         fields["max_batch_size"] = 0
+    elif highs and min(highs) < 32:
+        fields["max_batch_size"] = min(highs)
     try:
         return ModelConfig.model_validate(fields)
     except ValueError as exc:
