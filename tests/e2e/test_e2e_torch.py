@@ -23,10 +23,10 @@ Skips only when .venvs/torch is missing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -61,7 +62,9 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     base = tmp_path_factory.mktemp("torch")
-    with LocalStack(base, workers=1) as st:
+    # No fast lane: lone requests would skip the batcher, and the batching check
+    # wants every request to reach the worker through it (as tests/e2e/test_e2e_batching).
+    with LocalStack(base, workers=1, env={"INFERBUS_GATEWAY_FAST_LANE": "false"}) as st:
         fraud = base / "fraud"
         subprocess.run(
             [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(fraud)],
@@ -105,6 +108,21 @@ def _http(stack: LocalStack, model: str, x: np.ndarray, outputs: list[str]) -> d
         client.close()
 
 
+async def _concurrently(stack: LocalStack, model: str, rows: list[np.ndarray]) -> list[Any]:
+    """One-row requests all in flight at once on one channel; their probabilities."""
+    client = grpcaio.InferenceServerClient(stack.grpc_url)
+
+    async def one(x: np.ndarray) -> Any:
+        inp = grpcaio.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        return (await client.infer(model, [inp], client_timeout=60)).as_numpy("probabilities")
+
+    try:
+        return list(await asyncio.gather(*(one(x) for x in rows)))
+    finally:
+        await client.close()
+
+
 def _histogram(stack: LocalStack, metric: str, model: str) -> float:
     worker = stack.procs["torch-worker"]
     return sum(
@@ -144,21 +162,7 @@ def test_programs_answer_like_torch_over_grpc_and_http_in_batches(
     # 32 concurrent one-row requests: the worker batches them (fewer executions).
     runs_before = _histogram(stack, "inferbus_worker_batch_size_count", model)
     rows_before = _histogram(stack, "inferbus_worker_batch_size_sum", model)
-    got: dict[int, np.ndarray] = {}
-    errors: list[BaseException] = []
-
-    def one(i: int) -> None:
-        try:
-            got[i] = _grpc(stack, model, x[16 + i : 17 + i], ["probabilities"])["probabilities"]
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    got = asyncio.run(_concurrently(stack, model, [x[16 + i : 17 + i] for i in range(32)]))
     for i in range(32):
         np.testing.assert_allclose(
             got[i], want["probabilities"][16 + i : 17 + i], rtol=1e-5, atol=1e-6
