@@ -63,7 +63,8 @@ def import_torch(what: str) -> Any:
     """
     try:
         import torch
-    except ImportError as exc:
+    # OSError: a CUDA build of torch whose CUDA libraries this host lacks.
+    except (ImportError, OSError) as exc:
         raise TorchUnavailable(
             f"{what} is a PyTorch program and this worker has no torch ({exc}): serve it "
             f"from a worker started with .venvs/torch/bin/python -m inferbus_worker (made by "
