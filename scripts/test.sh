@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what is missing (scripts/bootstrap.sh, scripts/bootstrap-llm.sh,
-# scripts/install-perf-analyzer.sh, scripts/bootstrap-containers.sh), check the
+# scripts/bootstrap-torch.sh, scripts/install-perf-analyzer.sh,
+# scripts/bootstrap-containers.sh), check the
 # code (ruff check, ruff format --check, mypy on the production code), then run
 # the whole test suite.
 #
@@ -27,6 +28,12 @@ if [[ "${INFERBUS_SKIP_BOOTSTRAP:-0}" != "1" ]]; then
     # not fatal.
     if ! bash scripts/bootstrap-llm.sh; then
         echo "[test] WARNING: scripts/bootstrap-llm.sh failed; the vLLM tests will be SKIPPED" >&2
+    fi
+    # torch for the PyTorch engine in .venvs/torch (a minute the first time). Without
+    # it the PyTorch tests skip, so a failed install is loud, not fatal.
+    if ! bash scripts/bootstrap-torch.sh; then
+        echo "[test] WARNING: scripts/bootstrap-torch.sh failed; the PyTorch engine tests" \
+            "will be SKIPPED" >&2
     fi
     # Triton's perf_analyzer in .venvs/perf_analyzer (a few seconds, ~40 MB).
     if ! bash scripts/install-perf-analyzer.sh; then

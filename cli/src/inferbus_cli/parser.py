@@ -180,8 +180,8 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     push = msub.add_parser("push", help="upload a model version")
     push.add_argument(
         "path",
-        help="version directory (config.json + artifact), a .onnx file, or a scikit-learn "
-        "model.pkl/model.joblib (converted to ONNX by the registry)",
+        help="version directory (config.json + artifact), a .onnx or torch.export .pt2 file, "
+        "or a scikit-learn model.pkl/model.joblib (converted to ONNX by the registry)",
     )
     push.add_argument("--name", required=True, help="model name")
     push.add_argument("--version", required=True, help="version, e.g. 1 or 1.2.0")
@@ -190,8 +190,8 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     )
     push.add_argument(
         "--config",
-        help="config.json for a single-file PATH (without it a .onnx file's config is "
-        "derived from its graph, and printed)",
+        help="config.json for a single-file PATH (without it a .onnx or .pt2 file's config "
+        "is derived from its graph, and printed)",
     )
     push.add_argument("--json", action="store_true", help="print the version as JSON")
     push.add_argument(
@@ -265,7 +265,7 @@ def _add_models(sub: argparse._SubParsersAction) -> None:
     _registry_options(opt, timeout=300.0)
     opt.set_defaults(handler="optimize:run_optimize")
 
-    prof = msub.add_parser("profile", help="ONNX Runtime profiler: top operators per batch")
+    prof = msub.add_parser("profile", help="ONNX Runtime (or torch) profiler: top ops per batch")
     prof.add_argument("name", help="model name")
     prof.add_argument("version", help="version or alias")
     prof.add_argument("--batch", default="1,8,32", help="batch sizes, comma-separated")

@@ -94,6 +94,8 @@ class UpOptions:
         log_level: log level of the services.
         llm_python: interpreter of the vLLM environment; when set, an LLM worker
             starts too and the tiny generative model is pushed (see `inferbus_cli.llm`).
+        worker_python: interpreter of the tensor workers (None: the CLI's); the
+            PyTorch environment's when it exists (see `inferbus_cli.torchenv`).
         nats_cluster: NATS nodes: 1 (one nats-server) or a cluster of 3 or 5
             with clustered JetStream, whose streams and buckets then keep 3 replicas.
         gpus: UUIDs of the GPUs ``--gpus`` named: worker i sees only ``gpus[i]``
@@ -114,6 +116,7 @@ class UpOptions:
     timeout_s: float = 60.0
     log_level: str = "INFO"
     llm_python: Path | None = None
+    worker_python: Path | None = None
     nats_cluster: int = 1
     gpus: tuple[str, ...] = ()
     stack_id: str = ""
@@ -395,7 +398,7 @@ def service_spec(options: UpOptions, name: str, endpoints: dict[str, str]) -> Pr
             "CUDA_VISIBLE_DEVICES": options.gpus[index % len(options.gpus)],
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         }
-    python = options.llm_python if kind == "llm-worker" else None
+    python = {"llm-worker": options.llm_python, "worker": options.worker_python}.get(kind)
     argv = [str(python or sys.executable), "-m", module]
     return ProcessSpec(name, "service", argv, env, options.logs_dir / f"{name}.log", ports_file)
 

@@ -193,3 +193,47 @@ def test_instances_go_to_the_roomiest_gpus_first() -> None:
     assert roomiest(H200, 1) == [1]
     assert roomiest(H200, 4) == [1, 2, 0, 1]
     assert roomiest([], 2) == [0, 0]
+
+
+def test_pytorch_kind_fills_triton_platform_and_file() -> None:
+    config = _config(engine={"kind": "pytorch"})
+    assert (config.platform, config.file) == ("pytorch_libtorch", "model.pt")
+    assert config.engine.device_kind == "cpu" and config.engine.cpu_allowed
+    exported = _config(engine={"kind": "pytorch", "providers": ["cuda", "cpu"]}, file="model.pt2")
+    assert exported.file == "model.pt2" and exported.engine.device_kind == "gpu"
+    # The canonical dump re-reads to the same config (platform now explicit).
+    again = ModelConfig.model_validate_json(exported.model_dump_json())
+    assert again == exported
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"engine": {"kind": "pytorch", "providers": ["tensorrt"]}}, "computes on"),
+        ({"engine": {"kind": "pytorch"}, "file": "model.onnx"}, "TorchScript .pt"),
+        ({"file": "model.pt"}, "set engine.kind to 'pytorch'"),
+        ({"engine": {"kind": "onnxruntime"}, "file": "model.pt2"}, "PyTorch program"),
+        (
+            {"engine": {"kind": "pytorch", "providers": ["cuda"], "cuda": {"use_tf32": False}}},
+            "only engine.cuda.device_id",
+        ),
+        (
+            {
+                "engine": {"kind": "pytorch"},
+                "inputs": [{"name": "t", "datatype": "BYTES", "shape": [-1, 1]}],
+            },
+            "no string tensors",
+        ),
+    ],
+)
+def test_pytorch_configs_that_do_not_fit_are_refused(extra: dict[str, object], says: str) -> None:
+    with pytest.raises(ValidationError, match=says):
+        _config(**extra)
+
+
+def test_pytorch_cuda_device_id_and_cpu_instance_group_are_accepted() -> None:
+    config = _config(
+        engine={"kind": "pytorch", "providers": ["cuda", "cpu"], "cuda": {"device_id": 1}},
+        instance_group={"count": 2, "kind": "KIND_CPU"},
+    )
+    assert instance_device_kind(config) == "cpu" and config.instance_count == 2

@@ -1,7 +1,8 @@
 """``inferbus models optimize`` and ``inferbus models profile`` (issue 27).
 
 Both run where the CLI runs: the source version's artifact is downloaded
-(SHA-256 checked), converted or profiled here with ONNX Runtime, and an
+(SHA-256 checked), converted or profiled here with ONNX Runtime (a PyTorch
+version with torch's profiler, `inferbus_cli.torchprofile`), and an
 optimised variant is pushed back as a new version through the ordinary push
 path. The registry stays a store of signed artifacts (no onnxconverter-common
 or quantiser in it), the conversion costs the caller's CPU, not the
@@ -26,9 +27,10 @@ from typing import Any
 import grpc
 import numpy as np
 
-from inferbus_cli import optimize
+from inferbus_cli import optimize, torchprofile
 from inferbus_cli.commands import models
 from inferbus_cli.rpc import registry_channel, registry_stub, rpc_error_text
+from inferbus_common.modelconfig import ModelConfig
 from inferbus_proto.registry import registry_pb2 as rpb
 
 RECORD = "optimization.json"
@@ -49,7 +51,8 @@ def _fetch(args: argparse.Namespace, workdir: Path) -> tuple[str, dict[str, Any]
             args.name,
             info.version,
             config.get("file", "model.onnx"),
-            workdir / "source.onnx",
+            # The suffix tells torch's loaders a .pt from a .pt2.
+            workdir / ("source" + Path(config.get("file", "model.onnx")).suffix),
             timeout=args.timeout,
             progress=False,
         )
@@ -77,6 +80,12 @@ def run_optimize(args: argparse.Namespace) -> int:
             return models._fail(f"{args.name} {args.version}: {rpc_error_text(exc, '')}")
         except (ValueError, OSError) as exc:
             return models._fail(str(exc))
+        kind = config.get("engine", {}).get("kind", "onnxruntime")
+        if kind != "onnxruntime":
+            return models._fail(
+                f"{args.name} {source}: models optimize converts ONNX models; this version's "
+                f"engine is {kind!r} ({config.get('file')})"
+            )
         target = args.to or f"{source}-{mode}"
         out = work / "version"
         out.mkdir()
@@ -119,22 +128,35 @@ def run_optimize(args: argparse.Namespace) -> int:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    """Top operators by time per batch size, from ONNX Runtime's profiler."""
+    """Top operators by time per batch size: ONNX Runtime's profiler, or torch's for a
+    PyTorch version (which needs torch where the CLI runs)."""
     try:
         batches = [int(b) for b in args.batch.split(",") if b]
     except ValueError:
         return models._fail(f"--batch wants sizes like 1,8,32, got {args.batch!r}")
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            source, _, src = _fetch(args, Path(tmp))
+            source, config, src = _fetch(args, Path(tmp))
         except grpc.RpcError as exc:
             return models._fail(f"{args.name} {args.version}: {rpc_error_text(exc, '')}")
         except (ValueError, OSError) as exc:
             return models._fail(str(exc))
-        result = {
-            str(b): optimize.profile_ops(src, optimize.sample_inputs(src, b), top=args.top)
-            for b in batches
-        }
+        try:
+            parsed = ModelConfig.model_validate(config)
+        except ValueError as exc:
+            return models._fail(f"{args.name} {source}: its config does not parse here: {exc}")
+        if parsed.engine.kind == "pytorch":
+            try:
+                result = torchprofile.profile_batches(
+                    src, parsed, batches, what=f"{args.name} {source}", top=args.top
+                )
+            except torchprofile.TorchMissing as exc:
+                return models._fail(str(exc))
+        else:
+            result = {
+                str(b): optimize.profile_ops(src, optimize.sample_inputs(src, b), top=args.top)
+                for b in batches
+            }
     if args.json:
         print(json.dumps({"model": args.name, "version": source, "batches": result}, indent=2))
         return 0

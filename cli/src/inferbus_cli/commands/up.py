@@ -33,6 +33,7 @@ from inferbus_cli.state import (
     save_state,
 )
 from inferbus_cli.supervisor import Child, Stack, StartupError, describe_exit
+from inferbus_cli.torchenv import find_torch_python
 from inferbus_common import gpus
 from inferbus_common.errors import InferbusError, InvalidArgument
 
@@ -88,6 +89,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         timeout_s=args.timeout,
         log_level=args.log_level,
         llm_python=None if getattr(args, "no_llm", False) else find_vllm_python(),
+        worker_python=find_torch_python(),
         nats_cluster=args.nats_cluster,
         gpus=gpu_uuids,
         stack_id=uuid.uuid4().hex[:12],

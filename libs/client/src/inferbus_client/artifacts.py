@@ -25,6 +25,8 @@ CHUNK_BYTES = 1 << 20
 NOT_UPLOADED = frozenset({"config.json", "manifest.json"})
 #: A scikit-learn/LightGBM pickle the registry converts to ONNX at push (never stored).
 PICKLE_NAMES = ("model.pkl", "model.joblib")
+#: A torch.export program: its config can be derived from its signature (not a .pt's).
+EXPORTED_NAME = "model.pt2"
 
 
 class PushError(InvalidArgument):
@@ -46,7 +48,9 @@ def collect_files(
     (Triton's auto-complete); so is one with no ``config.json`` beside it.
     A pickled scikit-learn model (a ``.pkl`` or ``.joblib`` file, or a directory
     holding ``model.pkl``/``model.joblib`` and no ``config.json``) goes the same
-    way: the registry converts it to ``model.onnx`` and derives the config.
+    way: the registry converts it to ``model.onnx`` and derives the config. A
+    torch.export program (a ``.pt2`` file, or a directory holding ``model.pt2``
+    and no ``config.json``) too: the registry reads the config from its signature.
 
     With `validate` off a config that does not parse is sent as it is (the
     registry refuses it with its own message).
@@ -60,7 +64,7 @@ def collect_files(
         if (
             config is None
             and not config_path.is_file()
-            and any((path / name).is_file() for name in PICKLE_NAMES)
+            and any((path / name).is_file() for name in (*PICKLE_NAMES, EXPORTED_NAME))
         ):
             return b"", _directory_files(path)
         if not config_path.is_file():
@@ -70,6 +74,8 @@ def collect_files(
         config_path = config or path.parent / "config.json"
         if config is None and path.suffix == ".onnx" and (derive or not config_path.is_file()):
             return b"", [("model.onnx", path)]
+        if config is None and path.suffix == ".pt2" and (derive or not config_path.is_file()):
+            return b"", [(EXPORTED_NAME, path)]
         if config is None and path.suffix in (".pkl", ".joblib"):
             return b"", [("model" + path.suffix, path)]
         if config is None and not config_path.is_file():

@@ -40,6 +40,12 @@ separate onnxruntime-openvino wheel; a worker without it refuses the version).""
 GPU_PROVIDERS = frozenset({"cuda", "tensorrt"})
 """Config provider names that compute on a GPU."""
 
+TORCH_PROVIDERS = frozenset({"cpu", "cuda"})
+"""Where the PyTorch engine computes (``cuda``: torch's CUDA device)."""
+
+TORCH_FILES = (".pt", ".pt2")
+"""Artifacts of ``kind: pytorch``: TorchScript (``model.pt``) or torch.export (``model.pt2``)."""
+
 
 def _flag(value: bool) -> str:
     return "1" if value else "0"
@@ -145,8 +151,10 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["onnxruntime", "tensorrt", "vllm"] = "onnxruntime"
-    """``vllm``: a generative model served by the LLM worker (see `GenerationConfig`)."""
+    kind: Literal["onnxruntime", "tensorrt", "pytorch", "vllm"] = "onnxruntime"
+    """``pytorch``: a TorchScript (``.pt``) or torch.export (``.pt2``) program run by
+    torch (a worker without torch refuses it); ``vllm``: a generative model served by
+    the LLM worker (see `GenerationConfig`)."""
     providers: list[ProviderName] = ["cpu"]  # pydantic copies defaults
     """Execution providers in order of preference (one that does not start gives way
     to the next). Without ``cpu`` in the list the version must get one of them: a
@@ -186,6 +194,22 @@ class EngineConfig(BaseModel):
                     "kind 'tensorrt' loads a built plan: only engine.tensorrt.device_id "
                     "applies (precision and workspace were fixed when the plan was built)"
                 )
+        elif self.kind == "pytorch":
+            other = [p for p in self.providers if p not in TORCH_PROVIDERS]
+            if other:
+                raise ValueError(
+                    f"kind 'pytorch' computes on {sorted(TORCH_PROVIDERS)}; engine.providers "
+                    f"names {other}"
+                )
+            if self.tensorrt is not None:
+                raise ValueError("engine.tensorrt does not apply to kind 'pytorch'")
+            cuda = self.cuda
+            extra = cuda.model_fields_set - {"device_id"} if cuda is not None else set()
+            if cuda is not None and ("cuda" not in self.providers or extra):
+                raise ValueError(
+                    "kind 'pytorch': only engine.cuda.device_id applies, with 'cuda' in "
+                    "engine.providers (the other options are ONNX Runtime's)"
+                )
         elif self.cuda is not None or self.tensorrt is not None:
             raise ValueError("engine.cuda / engine.tensorrt apply to tensor engines only")
         return self
@@ -210,7 +234,7 @@ class EngineConfig(BaseModel):
     @property
     def cpu_allowed(self) -> bool:
         """Whether the version may compute on the CPU (``cpu`` is among its providers)."""
-        return self.kind == "onnxruntime" and "cpu" in self.providers
+        return self.kind in ("onnxruntime", "pytorch") and "cpu" in self.providers
 
 
 class InstanceGroup(BaseModel):
@@ -264,7 +288,7 @@ def check_instance_group(config: ModelConfig) -> None:
     if group.kind == "KIND_CPU":
         if not engine.cpu_allowed:
             raise ValueError(
-                "instance_group.kind KIND_CPU needs an onnxruntime engine with 'cpu' in "
+                "instance_group.kind KIND_CPU needs an onnxruntime or pytorch engine with 'cpu' in "
                 f"engine.providers (has {engine.kind} {engine.providers})"
             )
         if group.gpus:
@@ -290,3 +314,43 @@ def instance_device_kind(config: ModelConfig) -> DeviceKind:
     if group is not None and group.kind == "KIND_CPU":
         return "cpu"
     return config.engine.device_kind
+
+
+TORCH_PLATFORM = "pytorch_libtorch"
+"""Triton's platform name for PyTorch models (the default ``platform`` of kind pytorch)."""
+
+
+def check_torch(config: ModelConfig) -> None:
+    """Cross-check a ``pytorch`` engine with its file and tensors; fill its defaults.
+
+    A config of kind ``pytorch`` that leaves ``platform`` or ``file`` out gets
+    Triton's ``pytorch_libtorch`` and ``model.pt``. Its file must be a ``.pt``
+    (TorchScript) or ``.pt2`` (torch.export) program, and its engine tensors
+    fixed-size (torch has no string tensors); a ``.pt``/``.pt2`` file under
+    another kind is refused rather than handed to ONNX Runtime.
+
+    Raises:
+        ValueError: the kind, file or tensors do not fit together.
+    """
+    if config.engine.kind != "pytorch":
+        if config.file.endswith(TORCH_FILES):
+            raise ValueError(
+                f"file {config.file!r} is a PyTorch program: set engine.kind to 'pytorch'"
+            )
+        return
+    if "platform" not in config.model_fields_set:
+        config.platform = TORCH_PLATFORM
+    if "file" not in config.model_fields_set:
+        config.file = "model.pt"
+    if not config.file.endswith(TORCH_FILES):
+        raise ValueError(
+            f"kind 'pytorch' loads a TorchScript .pt or torch.export .pt2 file, not {config.file!r}"
+        )
+    strings = [
+        s.name for s in [*config.engine_inputs(), *config.engine_outputs()] if s.datatype == "BYTES"
+    ]
+    if strings:
+        raise ValueError(
+            f"kind 'pytorch' has no string tensors: {strings} are BYTES (turn text into "
+            "numbers in processing or a preprocessor.py)"
+        )

@@ -28,7 +28,12 @@ from inferbus_common.codec import (
     deserialize_bytes,
     serialize_bytes,
 )
-from inferbus_common.engineconfig import EngineConfig, InstanceGroup, check_instance_group
+from inferbus_common.engineconfig import (
+    EngineConfig,
+    InstanceGroup,
+    check_instance_group,
+    check_torch,
+)
 from inferbus_common.errors import InvalidArgument
 from inferbus_common.imageformat import check_formats
 from inferbus_common.processingconfig import ProcessingConfig, check_processing
@@ -237,6 +242,7 @@ class ModelConfig(BaseModel):
         check_sequences(self)
         _check_decoupled(self)
         check_instance_group(self)
+        check_torch(self)
         check_formats(self)
         return self
 

@@ -49,6 +49,8 @@ class LocalStack:
         self.nats: NatsServer | None = None
         self.redis: RedisServer | None = RedisServer(base / "redis") if with_redis else None
         self.procs: dict[str, ServiceProcess] = {}
+        self.interpreters: dict[str, str] = {}
+        """Service name → the Python that runs it (absent: this one)."""
 
     # --- handles -------------------------------------------------------------
     @property
@@ -107,6 +109,7 @@ class LocalStack:
         proc = ServiceProcess(
             module,
             name=name,
+            python=self.interpreters.get(name),
             env={
                 f"{prefix}NATS_URL": self.nats_url,
                 f"{prefix}METRICS_PORT": "0",
@@ -173,9 +176,20 @@ class LocalStack:
             self.nats.close()
             self.nats = None
 
-    def start_worker(self, name: str) -> ServiceProcess:
-        """Start one more worker (its own empty cache) and return it once it runs."""
-        return self._spawn(name, "inferbus_worker", self._worker_env(name))
+    def start_worker(
+        self, name: str, python: str | None = None, env: dict[str, str] | None = None
+    ) -> ServiceProcess:
+        """Start one more worker (its own empty cache) and return it once it runs.
+
+        Args:
+            name: the worker's name (its log and cache directory).
+            python: the interpreter (None: this one); ``.venvs/torch/bin/python``
+                starts a worker that can serve PyTorch versions.
+            env: more of its environment (``INFERBUS_WORKER_POOL``...).
+        """
+        if python is not None:
+            self.interpreters[name] = python
+        return self._spawn(name, "inferbus_worker", {**self._worker_env(name), **(env or {})})
 
     def close(self) -> None:
         """Stop every service (reverse start order), then the servers."""

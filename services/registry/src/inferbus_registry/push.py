@@ -20,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from inferbus_common.engineconfig import TORCH_FILES
 from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from inferbus_common.imageformat import complete_formats
 from inferbus_common.modelconfig import ModelConfig
@@ -56,6 +57,7 @@ from inferbus_registry.sklearnconvert import (
     pickle_source,
 )
 from inferbus_registry.store import Store
+from inferbus_registry.torchcheck import check_torch_file, derive_torch_config
 
 
 class _Spool:
@@ -210,6 +212,16 @@ class VersionPush:
                 )
                 if config is not None:
                     config = config.model_copy(update={"file": CONVERTED_FILE})
+            torch_files = [f for f in files if f.endswith(TORCH_FILES)]
+            if config is None and not any(f.endswith(".onnx") for f in files) and torch_files:
+                if len(torch_files) != 1:
+                    raise InvalidArgument(
+                        f"{model}: config.json is missing and the push sends several PyTorch "
+                        f"programs {sorted(torch_files)}: push a config.json naming one"
+                    )
+                config = await asyncio.to_thread(
+                    derive_torch_config, spool.path(torch_files[0]), model
+                )
             if config is None:
                 onnx_files = [f for f in files if f.endswith(".onnx")]
                 if len(onnx_files) != 1:
@@ -232,6 +244,9 @@ class VersionPush:
             if config.platform == "onnxruntime_onnx" or config.file.endswith(".onnx"):
                 # With processing the graph takes and gives the engine-facing tensors.
                 await asyncio.to_thread(check_onnx, spool.path(config.file), config.engine_view())
+            elif config.engine.kind == "pytorch":
+                # Read from the archive's own JSON: the registry has no torch.
+                await asyncio.to_thread(check_torch_file, spool.path(config.file), config, model)
             if config.processing is not None:
                 await asyncio.to_thread(check_processing, config, files, spool.path)
             if config.label_files():

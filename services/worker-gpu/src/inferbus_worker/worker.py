@@ -133,7 +133,11 @@ class Worker(VersionHost[Runner]):
         try:
             # In a thread: placing a GPU engine asks NVML or nvidia-smi for free memory.
             engine = await asyncio.to_thread(
-                build_engine, dv.config, directory, trt_cache_dir=self._trt_cache_dir
+                build_engine,
+                dv.config,
+                directory,
+                trt_cache_dir=self._trt_cache_dir,
+                label=f"{dv.model} version {dv.version}",
             )
             await asyncio.to_thread(_load_engine, engine, dv.config)
             if dv.config.sequence_batching is not None:

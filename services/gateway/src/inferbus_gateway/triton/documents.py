@@ -31,7 +31,12 @@ from inferbus_common.modelstats import Duration, ModelStats
 from inferbus_common.sequencebatching import SequenceBatchingConfig, SequenceControl
 from inferbus_common.tensorspec import TensorSpec
 
-_BACKENDS = {"onnxruntime": "onnxruntime", "tensorrt": "tensorrt", "vllm": "vllm"}
+_BACKENDS = {
+    "onnxruntime": "onnxruntime",
+    "tensorrt": "tensorrt",
+    "pytorch": "pytorch",
+    "vllm": "vllm",
+}
 """`EngineConfig.kind` → Triton backend name."""
 
 

@@ -1,4 +1,4 @@
-"""Engines: the `Engine` contract and its backends (ONNX Runtime, TensorRT)."""
+"""Engines: the `Engine` contract and its backends (ONNX Runtime, TensorRT, PyTorch)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from inferbus_worker.engines.base import (
 )
 from inferbus_worker.engines.instances import EngineInstances
 from inferbus_worker.engines.onnx import OnnxRuntimeEngine, choose_providers
+from inferbus_worker.engines.pytorch import TorchEngine, TorchUnavailable
 from inferbus_worker.engines.tensorrt import TensorRTEngine
 
 __all__ = [
@@ -28,6 +29,8 @@ __all__ = [
     "PermanentEngineError",
     "ProviderUnavailable",
     "TensorRTEngine",
+    "TorchEngine",
+    "TorchUnavailable",
     "build_engine",
     "choose_providers",
     "place_instances",
@@ -41,6 +44,7 @@ def build_engine(
     *,
     trt_cache_dir: Path,
     gpus: Callable[[], Sequence[GpuInfo]] = process_gpus,
+    label: str = "",
 ) -> Engine:
     """The engine `config` asks for, on the artifact in `model_dir` (not loaded yet).
 
@@ -53,6 +57,7 @@ def build_engine(
         model_dir: directory holding the version's files.
         trt_cache_dir: cache of engines built by the TensorRT execution provider.
         gpus: the GPUs this process sees (read only when a GPU instance needs placing).
+        label: the version in words (``fraud version 3``), for the engines' errors.
     """
     path = model_dir / config.file
     engine = config.engine
@@ -65,6 +70,19 @@ def build_engine(
         return EngineInstances(
             [TensorRTEngine(path, instance_count=group.count, device=g) for g in group.gpus],
             runs_each=group.count,
+        )
+    if engine.kind == "pytorch":
+        # torch is imported when an instance loads (a worker without it refuses then).
+        if group is None:
+            (ordinal,) = place_instances(config, gpus)
+            return TorchEngine(path, config, device_id=ordinal, label=label)
+        cpu_only = group.kind == "KIND_CPU"
+        devices = place_instances(config, gpus) if not cpu_only else [None] * group.instances
+        return EngineInstances(
+            [
+                TorchEngine(path, config, device_id=d, cpu_only=cpu_only, label=label)
+                for d in devices
+            ]
         )
     batched = config.max_batch_size > 0
     sizes = warmup_batch_sizes(config)
@@ -113,6 +131,7 @@ def place_instances(
     if engine.device_kind != "gpu":
         return [None] * count
     options = engine.tensorrt if engine.providers[0] == "tensorrt" else engine.cuda
+    # A pytorch engine's placement needs no torch: NVML / nvidia-smi, as for ONNX Runtime.
     if options is not None and "device_id" in options.model_fields_set:
         return [None] * count
     return list(roomiest(gpus(), count))
