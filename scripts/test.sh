@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what is missing (scripts/bootstrap.sh, scripts/bootstrap-llm.sh,
-# scripts/bootstrap-torch.sh, scripts/install-perf-analyzer.sh,
+# scripts/bootstrap-torch.sh, scripts/bootstrap-openvino.sh,
+# scripts/install-perf-analyzer.sh,
 # scripts/bootstrap-containers.sh), check the
 # code (ruff check, ruff format --check, mypy on the production code), then run
 # the whole test suite.
@@ -33,6 +34,12 @@ if [[ "${INFERBUS_SKIP_BOOTSTRAP:-0}" != "1" ]]; then
     # it the PyTorch tests skip, so a failed install is loud, not fatal.
     if ! bash scripts/bootstrap-torch.sh; then
         echo "[test] WARNING: scripts/bootstrap-torch.sh failed; the PyTorch engine tests" \
+            "will be SKIPPED" >&2
+    fi
+    # onnxruntime-openvino (ONNX Runtime's OpenVINO EP) in .venvs/openvino (~35 s the
+    # first time). Without it the OpenVINO tests skip, so a failed install is loud, not fatal.
+    if ! bash scripts/bootstrap-openvino.sh; then
+        echo "[test] WARNING: scripts/bootstrap-openvino.sh failed; the OpenVINO EP tests" \
             "will be SKIPPED" >&2
     fi
     # Triton's perf_analyzer in .venvs/perf_analyzer (a few seconds, ~40 MB).
