@@ -83,6 +83,11 @@ def test_providers_are_wanted_and_available(tmp_path: Path) -> None:
     _, cuda_opts = chosen[1]
     assert cuda_opts["device_id"] == "0"
     assert choose_providers(["cuda", "cpu"], ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+    # onnxruntime-openvino's EP computes on the CPU, named explicitly.
+    ov = ["OpenVINOExecutionProvider", "CPUExecutionProvider"]
+    assert choose_providers(["openvino"], ov) == [
+        ("OpenVINOExecutionProvider", {"device_type": "CPU"})
+    ]
     # A GPU-only version on a build without its provider: refused, permanently.
     with pytest.raises(ProviderUnavailable, match="none of the execution providers"):
         choose_providers(["cuda"], ["CPUExecutionProvider"])

@@ -77,7 +77,8 @@ def choose_providers(
     """Providers to open a session with: `wanted` (in order) that are `available`.
 
     Args:
-        wanted: config names (``cpu``, ``cuda``, ``tensorrt``) in order of preference.
+        wanted: config names (``cpu``, ``cuda``, ``tensorrt``, ``openvino``) in order
+            of preference.
         available: what ``onnxruntime.get_available_providers()`` reports.
         cuda: the version's CUDA options (None: the defaults).
         tensorrt: the version's TensorRT options (None: the defaults).
@@ -103,6 +104,10 @@ def choose_providers(
             chosen.append((provider, opts))
         elif name == "cuda":
             chosen.append((provider, (cuda or CudaOptions()).provider_options(device_id)))
+        elif name == "openvino":
+            # OpenVINO on the CPU, said rather than left to the wheel's build default
+            # (a GPU/NPU build would otherwise pick its own device).
+            chosen.append((provider, {"device_type": "CPU"}))
         else:
             chosen.append(provider)
     if not chosen:
