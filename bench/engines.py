@@ -1,11 +1,12 @@
-"""The same MLP served by each tensor engine: ONNX Runtime (CPU EP), TorchScript, torch.export.
+"""The same MLP served by each tensor engine: ONNX Runtime (CPU EP), TorchScript, torch.export,
+and (``--stack``, where ``.venvs/openvino`` exists) ONNX Runtime's OpenVINO EP.
 
 Engine-only runs with the PyTorch environment's interpreter, which holds
 torch, ONNX Runtime and the worker (``scripts/bootstrap-torch.sh``); the stack
 run with the workspace's, starting its worker with ``.venvs/torch``::
 
     .venvs/torch/bin/python bench/engines.py        # engine-only, fraud and heavy (~40 s)
-    uv run python bench/engines.py --stack          # through the stack, fraud (~60 s)
+    uv run python bench/engines.py --stack          # through the stack, fraud (~90 s)
 
 The models are the example fraud MLP (64→32→2) and the benchmark's heavy
 MLP (256→5x1536→16), each built three times with the same weights:
@@ -21,11 +22,15 @@ after warm-up, at batch 1 and 32, the engines taken in turn in 5 rounds. The
 error column is the max abs difference of ``probabilities`` against ONNX
 Runtime on the same rows.
 
-``--stack``: a `LocalStack` whose one worker runs with ``.venvs/torch`` and
-serves the three fraud versions; p50 latency of sequential one-row gRPC
-requests (c=1), and requests per second with 32 concurrent one-row requests
-at a time (c=32, the micro-batcher at work): ``--seconds`` per engine and
-mode, in three rounds that take the engines in turn (median of the rounds).
+``--stack``: a `LocalStack` whose worker runs with ``.venvs/torch`` and
+serves the three fraud versions, plus, where ``.venvs/openvino`` exists
+(``scripts/bootstrap-openvino.sh``), a worker of that interpreter in pool
+``openvino`` serving the ONNX version with ``engine.providers: ["openvino"]``
+(row ``openvino-ep``). For each ``--concurrency`` level (default 1 and 64):
+c=1 is the p50 latency of sequential one-row gRPC requests, c>1 the requests
+per second with that many concurrent one-row requests at a time (the
+micro-batcher at work); ``--seconds`` per engine and level, in three rounds
+that take the engines in turn (median of the rounds).
 
 Raw results go to ``bench/results/engines-{engine,stack}-<timestamp>.json``.
 """
@@ -36,6 +41,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,6 +57,7 @@ from inferbus_worker.engines import build_engine
 
 REPO = Path(__file__).resolve().parents[1]
 TORCH_PYTHON = REPO / ".venvs" / "torch" / "bin" / "python"
+OPENVINO_PYTHON = REPO / ".venvs" / "openvino" / "bin" / "python"
 HEAVY = [256, 1536, 1536, 1536, 1536, 1536, 16]
 ENGINES = {"onnxruntime": "model.onnx", "torchscript": "model.pt", "torch.export": "model.pt2"}
 
@@ -128,10 +135,25 @@ def engine_only(dirs: dict[str, Path], runs: int, rounds: int = 5) -> list[dict[
     return rows
 
 
+def add_openvino(dirs: dict[str, Path], root: Path) -> None:
+    """The ONNX version with ``providers: ["openvino"]`` in pool ``openvino``, as
+    engine ``openvino-ep``."""
+    out = root / "fraud" / "openvino"
+    shutil.copytree(dirs["onnxruntime"], out)
+    doc = json.loads((out / "config.json").read_text())
+    doc.update(pool="openvino", engine={**doc.get("engine", {}), "providers": ["openvino"]})
+    (out / "config.json").write_text(json.dumps(doc))
+    dirs["openvino-ep"] = out
+
+
 def through_stack(
-    dirs: dict[str, Path], base: Path, seconds: float, rounds: int = 3
+    dirs: dict[str, Path],
+    base: Path,
+    seconds: float,
+    concurrency: list[int],
+    rounds: int = 3,
 ) -> list[dict[str, Any]]:
-    """c=1 p50 latency and c=32 throughput (median of `rounds`) over gRPC, per engine."""
+    """c=1 p50 latency and c>1 throughput (median of `rounds`) over gRPC, per engine."""
     import tritonclient.grpc as grpcclient
     import tritonclient.grpc.aio as grpcaio
 
@@ -140,6 +162,12 @@ def through_stack(
     rows = []
     with LocalStack(base, workers=0) as stack:
         stack.start_worker("worker", python=str(TORCH_PYTHON)).wait_ready(timeout=60)
+        if "openvino-ep" in dirs:
+            stack.start_worker(
+                "openvino-worker",
+                python=str(OPENVINO_PYTHON),
+                env={"INFERBUS_WORKER_POOL": "openvino"},
+            ).wait_ready(timeout=60)
         names = {}
         for engine_name, directory in dirs.items():
             model = "fraud-" + engine_name.replace(".", "-")
@@ -166,7 +194,7 @@ def through_stack(
                 client.close()
             return times
 
-        async def closed_loop(model: str, window: float) -> float:
+        async def closed_loop(model: str, window: float, c: int) -> float:
             aclient = grpcaio.InferenceServerClient(stack.grpc_url)
             ainp = grpcaio.InferInput("input", [1, 64], "FP32")
             ainp.set_data_from_numpy(x)
@@ -180,7 +208,7 @@ def through_stack(
                     done += 1
 
             try:
-                await asyncio.gather(*(one() for _ in range(32)))
+                await asyncio.gather(*(one() for _ in range(c)))
             finally:
                 await aclient.close()
             return done / window
@@ -189,22 +217,26 @@ def through_stack(
             sequential(model, 1.0)  # warm-up
         # Rounds of every engine in turn: a noisy neighbour hits all arms alike.
         c1: dict[str, list[float]] = {e: [] for e in names}
-        c32: dict[str, list[float]] = {e: [] for e in names}
+        rps: dict[tuple[str, int], list[float]] = {}
         window = seconds / rounds
         for _ in range(rounds):
             for engine_name, model in names.items():
-                c1[engine_name] += sequential(model, window)
-                c32[engine_name].append(asyncio.run(closed_loop(model, window)))
+                for c in concurrency:
+                    if c == 1:
+                        c1[engine_name] += sequential(model, window)
+                    else:
+                        got = asyncio.run(closed_loop(model, window, c))
+                        rps.setdefault((engine_name, c), []).append(got)
         for engine_name in names:
-            rows.append(
-                {
-                    "engine": engine_name,
-                    "c1_p50_us": round(statistics.median(c1[engine_name]), 1),
-                    "c1_requests": len(c1[engine_name]),
-                    "c32_rps_rounds": [round(r, 1) for r in c32[engine_name]],
-                    "c32_rps": round(statistics.median(c32[engine_name]), 1),
-                }
-            )
+            row: dict[str, Any] = {"engine": engine_name}
+            if c1[engine_name]:
+                row["c1_p50_us"] = round(statistics.median(c1[engine_name]), 1)
+                row["c1_requests"] = len(c1[engine_name])
+            for c in concurrency:
+                if c != 1:
+                    row[f"c{c}_rps_rounds"] = [round(r, 1) for r in rps[(engine_name, c)]]
+                    row[f"c{c}_rps"] = round(statistics.median(rps[(engine_name, c)]), 1)
+            rows.append(row)
     return rows
 
 
@@ -214,6 +246,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2000, help="timed calls per cell (fraud)")
     parser.add_argument("--stack", action="store_true", help="through the stack instead (fraud)")
     parser.add_argument("--seconds", type=float, default=5.0, help="per stack measurement")
+    parser.add_argument(
+        "--concurrency",
+        type=lambda text: [int(c) for c in text.split(",")],
+        default=[1, 64],
+        help="--stack: comma-separated levels; 1 is p50 latency, more is req/s (default 1,64)",
+    )
     args = parser.parse_args()
     import onnxruntime
 
@@ -227,11 +265,27 @@ def main() -> None:
         root = Path(tmp)
         if args.stack:
             dirs = build_versions(root, "fraud", [64, 32, 2])
-            stack_rows = through_stack(dirs, root / "stack-run", args.seconds)
-            print("| model | engine | c=1 p50 µs | c=32 req/s |")
-            print("|---|---|---|---|")
+            if OPENVINO_PYTHON.exists():
+                add_openvino(dirs, root)
+                probe = [
+                    str(OPENVINO_PYTHON),
+                    "-c",
+                    "import onnxruntime; print(onnxruntime.__version__)",
+                ]
+                ov = subprocess.run(probe, capture_output=True, text=True, check=True)
+                result["onnxruntime_openvino"] = ov.stdout.strip()
+            else:
+                print("no .venvs/openvino (scripts/bootstrap-openvino.sh): no OpenVINO EP row")
+            result["concurrency"] = args.concurrency
+            stack_rows = through_stack(dirs, root / "stack-run", args.seconds, args.concurrency)
+            heads = ["c=1 p50 µs" if c == 1 else f"c={c} req/s" for c in args.concurrency]
+            print("| model | engine | " + " | ".join(heads) + " |")
+            print("|---|---|" + "---|" * len(heads))
             for r in stack_rows:
-                print(f"| fraud | {r['engine']} | {r['c1_p50_us']} | {r['c32_rps']} |")
+                cells = [
+                    str(r["c1_p50_us"] if c == 1 else r[f"c{c}_rps"]) for c in args.concurrency
+                ]
+                print(f"| fraud | {r['engine']} | " + " | ".join(cells) + " |")
             result["stack"] = stack_rows
         else:
             import torch
