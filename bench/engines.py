@@ -6,7 +6,7 @@ torch, ONNX Runtime and the worker (``scripts/bootstrap-torch.sh``); the stack
 run with the workspace's, starting its worker with ``.venvs/torch``::
 
     .venvs/torch/bin/python bench/engines.py        # engine-only, fraud and heavy (~40 s)
-    uv run python bench/engines.py --stack          # through the stack, fraud (~90 s)
+    uv run python bench/engines.py --stack          # through the stack, fraud (~70 s)
 
 The models are the example fraud MLP (64→32→2) and the benchmark's heavy
 MLP (256→5x1536→16), each built three times with the same weights:
