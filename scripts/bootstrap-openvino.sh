@@ -27,12 +27,10 @@ export UV_PYTHON_DOWNLOADS="${UV_PYTHON_DOWNLOADS:-never}"
 VENV="${INFERBUS_OPENVINO_VENV:-.venvs/openvino}"
 PKG="${INFERBUS_OPENVINO_PACKAGE:-onnxruntime-openvino==1.24.1}"
 log() { printf '[bootstrap-openvino] %s\n' "$*" >&2; }
+# shellcheck source=scripts/lib/venv.sh
+source scripts/lib/venv.sh
 
-if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating $VENV"
-    mkdir -p "$(dirname "$VENV")"
-    python3 -m venv "$VENV" 2>/dev/null || uv venv --seed --python python3 "$VENV"
-fi
+venv_create "$VENV"
 PY="$VENV/bin/python"
 
 has_ep() {
@@ -42,8 +40,7 @@ has_ep() {
 
 # The locked runtime set without onnxruntime (onnxruntime-openvino provides the module).
 reqs="$VENV/inferbus-requirements.txt"
-uv export --frozen --no-hashes --no-dev --no-emit-workspace --no-header --no-annotate \
-    --package inferbus-worker-gpu --package inferbus-cli | grep -v '^onnxruntime==' > "$reqs.new"
+venv_locked_requirements | grep -v '^onnxruntime==' > "$reqs.new"
 echo "$PKG" >> "$reqs.new"
 if ! cmp -s "$reqs.new" "$reqs" || ! has_ep || ! "$PY" -c 'import inferbus_cli, inferbus_worker' 2>/dev/null; then
     log "pip install the locked worker dependencies and $PKG"
@@ -53,8 +50,7 @@ if ! cmp -s "$reqs.new" "$reqs" || ! has_ep || ! "$PY" -c 'import inferbus_cli, 
         "$PY" -m pip uninstall --quiet -y onnxruntime
         "$PY" -m pip install --quiet --force-reinstall --no-deps "$PKG"
     fi
-    "$PY" -m pip install --quiet --no-deps -e libs/common -e libs/proto -e libs/client \
-        -e services/worker-gpu -e cli
+    venv_install_inferbus "$PY" libs/common libs/proto libs/client services/worker-gpu cli
     mv "$reqs.new" "$reqs"
 else
     rm -f "$reqs.new"

@@ -31,13 +31,10 @@ export UV_PYTHON_DOWNLOADS="${UV_PYTHON_DOWNLOADS:-never}"
 VENV="${INFERBUS_TORCH_VENV:-.venvs/torch}"
 PKG="${INFERBUS_TORCH_PACKAGE:-torch==2.13.0}"
 log() { printf '[bootstrap-torch] %s\n' "$*" >&2; }
+# shellcheck source=scripts/lib/venv.sh
+source scripts/lib/venv.sh
 
-if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating $VENV"
-    mkdir -p "$(dirname "$VENV")"
-    # python3-venv may be missing on Debian; uv can make the venv (with pip) too.
-    python3 -m venv "$VENV" 2>/dev/null || uv venv --seed --python python3 "$VENV"
-fi
+venv_create "$VENV"
 PY="$VENV/bin/python"
 
 if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
@@ -48,13 +45,11 @@ fi
 # The worker's and the CLI's runtime dependencies at uv.lock's versions (torch's
 # own requirements are loose enough to take the locked ones).
 reqs="$VENV/inferbus-requirements.txt"
-uv export --frozen --no-hashes --no-dev --no-emit-workspace --no-header --no-annotate \
-    --package inferbus-worker-gpu --package inferbus-cli > "$reqs.new"
+venv_locked_requirements > "$reqs.new"
 # Seconds when nothing changed: pip runs only when the locked set did.
 if ! cmp -s "$reqs.new" "$reqs" || ! "$PY" -c 'import inferbus_cli, inferbus_worker' 2>/dev/null; then
     "$PY" -m pip install --quiet -r "$reqs.new"
-    "$PY" -m pip install --quiet --no-deps -e libs/common -e libs/proto -e libs/client \
-        -e services/worker-gpu -e cli
+    venv_install_inferbus "$PY" libs/common libs/proto libs/client services/worker-gpu cli
     mv "$reqs.new" "$reqs"
 else
     rm -f "$reqs.new"

@@ -12,8 +12,6 @@ store) for the tests that drive the CLI's blocking gRPC code against it.
 from __future__ import annotations
 
 import secrets
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import pytest
 
 from inferbus_registry.app import RegistryApp
 from inferbus_registry.settings import RegistrySettings
+from inferbus_testing.examples import make_fraud_model
 from inferbus_testing.servers import NatsServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,9 +64,5 @@ async def registry(tmp_path: Path, registry_nats: NatsServer) -> AsyncIterator[R
 def fraud_model(tmp_path: Path) -> Path:
     """The example fraud model (examples/fraud/make_model.py), built in ``tmp_path/fraud``."""
     out = tmp_path / "fraud"
-    subprocess.run(
-        [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(out)],
-        check=True,
-        capture_output=True,
-    )
+    make_fraud_model(out)
     return out

@@ -49,6 +49,7 @@ from inferbus_testing.containers import (
     PodmanService,
     podman_unavailable,
 )
+from inferbus_testing.examples import make_fraud_model
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -104,12 +105,7 @@ class ContainerStack:
 def _model(base: Path) -> Path:
     """The example fraud model, placed on the compose stack's CPU pool."""
     out = base / "fraud"
-    subprocess.run(
-        [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(out)],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    make_fraud_model(out)
     config = json.loads((out / "config.json").read_text())
     config["pool"] = "cpu"
     (out / "config.json").write_text(json.dumps(config, indent=2))

@@ -10,13 +10,12 @@ redis-server for the gateway).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from inferbus_testing.examples import make_fraud_model
 from inferbus_testing.stack import LocalStack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,16 +25,6 @@ class Stack(LocalStack):
     """A `LocalStack` that also knows the model directory it serves."""
 
     model_dir: Path
-
-
-def make_fraud_model(out: Path) -> Path:
-    """Write the example model with the repository's own script."""
-    subprocess.run(
-        [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(out)],
-        check=True,
-        capture_output=True,
-    )
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +40,7 @@ from tritonclient.utils import InferenceServerException
 
 from inferbus_cli.commands.status import version_reasons
 from inferbus_cli.rpc import inference_stub
+from inferbus_testing.examples import make_fraud_model
 from inferbus_testing.stack import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -67,16 +66,6 @@ class Outcome:
 
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def make_fraud_model(out: Path) -> Path:
-    """The example model, written by the repository's own script (as conftest.py does)."""
-    subprocess.run(
-        [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(out)],
-        check=True,
-        capture_output=True,
-    )
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -20,19 +20,16 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
-import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 
+from inferbus_testing.examples import infer_concurrently, make_fraud_model
 from inferbus_testing.openvino import openvino_missing, start_openvino_worker
 from inferbus_testing.stack import LocalStack
 
@@ -49,11 +46,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         pytest.skip(reason)
     base = tmp_path_factory.mktemp("openvino")
     fraud = base / "fraud"
-    subprocess.run(
-        [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(fraud)],
-        check=True,
-        capture_output=True,
-    )
+    make_fraud_model(fraud)
     ov = base / MODEL
     shutil.copytree(fraud, ov)
     doc = json.loads((ov / "config.json").read_text())
@@ -82,20 +75,6 @@ def _histogram(stack: LocalStack, metric: str) -> float:
         for k, v in stack.metrics(worker).items()
         if k.startswith(metric) and f"model={MODEL}," in k
     )
-
-
-async def _concurrently(stack: LocalStack, rows: list[np.ndarray]) -> list[Any]:
-    client = grpcaio.InferenceServerClient(stack.grpc_url)
-
-    async def one(x: np.ndarray) -> Any:
-        inp = grpcaio.InferInput("input", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x)
-        return (await client.infer(MODEL, [inp], client_timeout=60)).as_numpy("probabilities")
-
-    try:
-        return list(await asyncio.gather(*(one(x) for x in rows)))
-    finally:
-        await client.close()
 
 
 def test_openvino_version_answers_like_onnxruntime_cpu_in_batches(stack: LocalStack) -> None:
@@ -127,7 +106,9 @@ def test_openvino_version_answers_like_onnxruntime_cpu_in_batches(stack: LocalSt
 
     runs_before = _histogram(stack, "inferbus_worker_batch_size_count")
     rows_before = _histogram(stack, "inferbus_worker_batch_size_sum")
-    got = asyncio.run(_concurrently(stack, [x[16 + i : 17 + i] for i in range(32)]))
+    got = asyncio.run(
+        infer_concurrently(stack.grpc_url, MODEL, [x[16 + i : 17 + i] for i in range(32)])
+    )
     for i in range(32):
         np.testing.assert_allclose(got[i], want[16 + i : 17 + i], rtol=1e-4, atol=1e-4)
     runs = _histogram(stack, "inferbus_worker_batch_size_count") - runs_before

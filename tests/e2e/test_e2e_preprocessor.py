@@ -17,8 +17,6 @@ import hashlib
 import json
 import shutil
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +29,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
+from inferbus_testing.examples import make_fraud_model
 from inferbus_testing.stack import LocalStack
 
 pytestmark = pytest.mark.integration
@@ -116,11 +115,7 @@ def _nats_port(st: LocalStack) -> int:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PreStack]:
     base = tmp_path_factory.mktemp("stack")
     fraud = base / "fraud"
-    subprocess.run(
-        [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(fraud)],
-        check=True,
-        capture_output=True,
-    )
+    make_fraud_model(fraud)
     # A wider reply margin than the default 100 ms: the shared test machine runs
     # at a load of several times its cores, and the INTERNAL answer must beat the
     # gateway's own timer at the deadline.

@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +27,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from inferbus_client.registry import RegistryClient
+from inferbus_testing.examples import make_fraud_model
 from inferbus_testing.servers import S3Server
 from inferbus_testing.stack import LocalStack
 
@@ -42,16 +41,6 @@ class Stack(LocalStack):
 
     model_dir: Path
     bucket: str
-
-
-def make_fraud_model(out: Path) -> Path:
-    """Write the example model with the repository's own script."""
-    subprocess.run(
-        [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(out)],
-        check=True,
-        capture_output=True,
-    )
-    return out
 
 
 @pytest.fixture(scope="module")

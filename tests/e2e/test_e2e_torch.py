@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,11 +34,11 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from inferbus_cli.__main__ import main as cli
+from inferbus_testing.examples import infer_concurrently, make_fraud_model
 from inferbus_testing.stack import LocalStack
 from inferbus_testing.torchmodels import (
     TORCH_MISSING,
@@ -66,11 +65,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     # wants every request to reach the worker through it (as tests/e2e/test_e2e_batching).
     with LocalStack(base, workers=1, env={"INFERBUS_GATEWAY_FAST_LANE": "false"}) as st:
         fraud = base / "fraud"
-        subprocess.run(
-            [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(fraud)],
-            check=True,
-            capture_output=True,
-        )
+        make_fraud_model(fraud)
         st.push(fraud, "fraud")
         start_torch_worker(st, pool="torch")
         st.wait_model_ready("fraud")
@@ -106,21 +101,6 @@ def _http(stack: LocalStack, model: str, x: np.ndarray, outputs: list[str]) -> d
         return {o: res.as_numpy(o) for o in outputs}
     finally:
         client.close()
-
-
-async def _concurrently(stack: LocalStack, model: str, rows: list[np.ndarray]) -> list[Any]:
-    """One-row requests all in flight at once on one channel; their probabilities."""
-    client = grpcaio.InferenceServerClient(stack.grpc_url)
-
-    async def one(x: np.ndarray) -> Any:
-        inp = grpcaio.InferInput("input", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x)
-        return (await client.infer(model, [inp], client_timeout=60)).as_numpy("probabilities")
-
-    try:
-        return list(await asyncio.gather(*(one(x) for x in rows)))
-    finally:
-        await client.close()
 
 
 def _histogram(stack: LocalStack, metric: str, model: str) -> float:
@@ -162,7 +142,9 @@ def test_programs_answer_like_torch_over_grpc_and_http_in_batches(
     # 32 concurrent one-row requests: the worker batches them (fewer executions).
     runs_before = _histogram(stack, "inferbus_worker_batch_size_count", model)
     rows_before = _histogram(stack, "inferbus_worker_batch_size_sum", model)
-    got = asyncio.run(_concurrently(stack, model, [x[16 + i : 17 + i] for i in range(32)]))
+    got = asyncio.run(
+        infer_concurrently(stack.grpc_url, model, [x[16 + i : 17 + i] for i in range(32)])
+    )
     for i in range(32):
         np.testing.assert_allclose(
             got[i], want["probabilities"][16 + i : 17 + i], rtol=1e-5, atol=1e-6

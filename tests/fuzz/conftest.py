@@ -7,8 +7,6 @@ that every process is still alive and a good request is still answered.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from inferbus_testing.examples import make_fraud_model
 from inferbus_testing.stack import LocalStack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,11 +47,7 @@ def fuzz_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzStack]:
     base = tmp_path_factory.mktemp("fuzz")
     stack = FuzzStack(base, workers=1)
     stack.model_dir = base / "fraud-model"
-    subprocess.run(
-        [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(stack.model_dir)],
-        check=True,
-        capture_output=True,
-    )
+    make_fraud_model(stack.model_dir)
     with stack:
         stack.push(stack.model_dir, "fraud")
         stack.wait_model_ready("fraud")

@@ -6,8 +6,6 @@ wrong credentials are refused, and no secret reaches a log."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import redis.exceptions
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from inferbus_testing.examples import make_fraud_model
 from inferbus_testing.processes import ServiceError, ServiceProcess
 from inferbus_testing.secure import SecureStack
 
@@ -31,11 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureStack]:
     base = tmp_path_factory.mktemp("secure")
     model_dir = base / "fraud-model"
-    subprocess.run(
-        [sys.executable, str(REPO / "examples/fraud/make_model.py"), "--out", str(model_dir)],
-        check=True,
-        capture_output=True,
-    )
+    make_fraud_model(model_dir)
     st = SecureStack(base, workers=1, with_redis=True)
     with st:
         st.push(model_dir, "fraud")

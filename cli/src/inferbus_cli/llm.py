@@ -10,7 +10,6 @@ it. Without the environment nothing changes (``--no-llm`` skips it too).
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -18,32 +17,20 @@ from pathlib import Path
 import grpc
 
 from inferbus_cli.rpc import registry_channel, registry_stub
+from inferbus_cli.venvs import REPO, find_venv_python
 from inferbus_client.artifacts import collect_files, push_messages
 
-#: The repository checkout this CLI runs from (cli/src/inferbus_cli/llm.py → root).
-REPO = Path(__file__).resolve().parents[3]
 TINY_MODEL = "tiny-llm"
 TINY_VERSION = "1"
 PYTHON_ENV = "INFERBUS_VLLM_PYTHON"
 
 
 def find_vllm_python(environ: Mapping[str, str] | None = None) -> Path | None:
-    """The vLLM environment's interpreter, or None (no LLM worker).
+    """The vLLM environment's interpreter (``.venvs/vllm``), or None (no LLM worker).
 
-    ``$INFERBUS_VLLM_PYTHON``: a path to use, or ``off``; unset: look for
-    ``.venvs/vllm/bin/python`` in the current directory, then in the checkout.
+    ``$INFERBUS_VLLM_PYTHON`` overrides it: a path, or ``off``.
     """
-    env = os.environ if environ is None else environ
-    if env.get(PYTHON_ENV) == "off":
-        return None
-    if env.get(PYTHON_ENV):
-        given = Path(env[PYTHON_ENV])
-        return given if given.is_file() else None
-    for root in (Path.cwd(), REPO):
-        candidate = root / ".venvs" / "vllm" / "bin" / "python"
-        if candidate.is_file():
-            return candidate
-    return None
+    return find_venv_python("vllm", PYTHON_ENV, environ)
 
 
 def build_tiny_model(python: Path, out: Path) -> Path:

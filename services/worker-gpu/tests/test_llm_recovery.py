@@ -176,15 +176,20 @@ class Call:
         self.msgs: list[Msg] = []
         self.final = asyncio.Event()
 
-    async def send(self) -> Call:
-        inbox = self.rig.nc.new_inbox()
+    async def _listen(self, client: Client) -> str:
+        """A fresh inbox on `client` whose chunks this call collects."""
+        inbox = client.new_inbox()
 
         async def on_chunk(msg: Msg) -> None:
             self.msgs.append(msg)
             if (msg.headers or {}).get(h.FINAL) == "1":
                 self.final.set()
 
-        await self.rig.nc.subscribe(inbox, cb=on_chunk)
+        await client.subscribe(inbox, cb=on_chunk)
+        return inbox
+
+    async def send(self) -> Call:
+        inbox = await self._listen(self.rig.nc)
         body = GenerationRequest(kind="completion", prompt="p", max_tokens=self.max_tokens)
         headers = {h.REPLY: inbox, h.REQUEST_ID: self.rid}
         if self.deadline_s is not None:
@@ -318,14 +323,7 @@ class Routed(Call):
         self.client = client
 
     async def send(self) -> Routed:
-        inbox = self.client.new_inbox()
-
-        async def on_chunk(msg: Msg) -> None:
-            self.msgs.append(msg)
-            if (msg.headers or {}).get(h.FINAL) == "1":
-                self.final.set()
-
-        await self.client.subscribe(inbox, cb=on_chunk)
+        inbox = await self._listen(self.client)
         body = GenerationRequest(kind="completion", prompt="p", max_tokens=self.max_tokens)
         await self.client.publish(
             self.rig.subjects.gen(self.rig.model, "1"),
@@ -431,14 +429,7 @@ class Placed(Call):
         self.prompt = prompt
 
     async def send(self) -> Placed:
-        inbox = self.client.new_inbox()
-
-        async def on_chunk(msg: Msg) -> None:
-            self.msgs.append(msg)
-            if (msg.headers or {}).get(h.FINAL) == "1":
-                self.final.set()
-
-        await self.client.subscribe(inbox, cb=on_chunk)
+        inbox = await self._listen(self.client)
         body = GenerationRequest(kind="completion", prompt=self.prompt, max_tokens=1000)
         await self.client.publish(
             self.rig.subjects.gen_route(self.rig.model),

@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from inferbus_testing.examples import make_fraud_model
 from inferbus_testing.processes import ServiceError, ServiceProcess
 from inferbus_testing.servers import NatsCluster, S3Server
 from inferbus_testing.stack import LocalStack
@@ -300,11 +299,7 @@ def build_slow_model() -> onnx.ModelProto:
 def make_models(repo: Path, out: Path) -> tuple[Path, Path]:
     """Write the fraud model (the repository's own script) and the slow model."""
     fraud = out / "fraud"
-    subprocess.run(
-        [sys.executable, str(repo / "examples/fraud/make_model.py"), "--out", str(fraud)],
-        check=True,
-        capture_output=True,
-    )
+    make_fraud_model(fraud)
     slow = out / SLOW_MODEL
     slow.mkdir(parents=True)
     onnx.save_model(build_slow_model(), str(slow / "model.onnx"))
