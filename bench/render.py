@@ -160,6 +160,11 @@ class Results:
         self.errors = [r for r in records if r.get("kind") == "error"]
         self.profiles = [_resummarize(r) for r in records if r.get("kind") == "profile"]
         self.cold = [r for r in records if r.get("kind") == "cold_start"]
+        self.pa = {
+            (r["target"], r["model"], r["concurrency"]): r
+            for r in records
+            if r.get("kind") == "perf_analyzer"
+        }
         cmds = next((r for r in records if r.get("kind") == "commands"), {})
         self.commands: list[str] = cmds.get("commands", [])
         done = next((r for r in records if r.get("kind") == "done"), {})
@@ -340,6 +345,102 @@ def section_targets(res: Results) -> list[str]:
     ]
     for r in target_rows(res):
         lines.append(f"| {r.target} | {r.model} | {r.inferbus} | {r.compared} | {_verdict(r)} |")
+    return [*lines, ""]
+
+
+# ------------------------------------------------------ perf_analyzer (issue 31)
+
+V3_CPU_TARGET_US = 300.0
+"""Issue 31: platform CPU per request at c=64."""
+V3_ADDED_P50_MS = 1.0
+"""Issue 31: added p50 over raw onnxruntime at concurrency 1."""
+
+
+def _pa_cell(rec: dict[str, Any] | None) -> str:
+    if rec is None:
+        return "not run"
+    if not rec.get("stable"):
+        # perf_analyzer's own words when a figure does not settle; anything else
+        # (a server without the model configuration extension) is a failure.
+        return "unstable" if "stable" in rec.get("error", "") else "failed"
+    return f"{rec['throughput']:,.0f}"
+
+
+def _pa_latency(rec: dict[str, Any] | None) -> str:
+    if rec is None or not rec.get("stable"):
+        return "–"
+    return f"{rec['p50_us'] / 1000:.2f} / {rec['p99_us'] / 1000:.2f}"
+
+
+def pa_verdicts(res: Results) -> list[tuple[str, str, int, bool | None]]:
+    """(model, what, concurrency, met) for issue 31's perf_analyzer targets: infer/s
+    ≥ 1.0× Triton's at every point, p99 at the highest concurrency ≤ Triton's;
+    None where either side has no stable figure."""
+    out: list[tuple[str, str, int, bool | None]] = []
+    levels = sorted({k[2] for k in res.pa})
+    for model in dict.fromkeys(k[1] for k in res.pa):
+        for c in levels:
+            ib, tr = res.pa.get(("inferbus", model, c)), res.pa.get(("triton", model, c))
+            both = bool(ib and tr and ib.get("stable") and tr.get("stable"))
+            ratio_ok = ib["throughput"] >= tr["throughput"] if both and ib and tr else None
+            out.append((model, "infer/s ≥ 1.0× Triton's", c, ratio_ok))
+            if c == levels[-1]:
+                p99_ok = ib["p99_us"] <= tr["p99_us"] if both and ib and tr else None
+                out.append((model, "p99 ≤ Triton's", c, p99_ok))
+    return out
+
+
+def section_perf_analyzer(res: Results) -> list[str]:
+    """perf_analyzer's figures for every server of the run, and issue 31's targets."""
+    title = "## perf_analyzer beside Triton and MLServer (issue 31 targets)"
+    if not res.pa:
+        return [title, "", "Not measured in this run.", ""]
+    window = next(iter(res.pa.values())).get("window_ms")
+    lines = [
+        title,
+        "",
+        "Triton's own load tool (`perf_analyzer`, from `scripts/install-perf-analyzer.sh`),"
+        f" unmodified, gRPC, batch 1, {window} ms windows, stability: three windows in a row"
+        " within 20 %, at most 8 windows (`PA_STABILITY` in `bench/run_all.py`), one server"
+        " after the other in this run. inferbus serves both models as version `1.0.0`."
+        " `unstable`: perf_analyzer found no stable figure; `failed`: it could not run against"
+        ' that server (MLServer answers `ModelConfig` with "Method not found": it has no'
+        " model configuration extension, which perf_analyzer needs); the errors are in the"
+        " results file.",
+        "",
+        "| model | c | inferbus infer/s | Triton infer/s | inferbus / Triton | MLServer infer/s"
+        " | inferbus p50 / p99 ms | Triton p50 / p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for model, c in sorted({(k[1], k[2]) for k in res.pa}):
+        ib, tr, ml = (res.pa.get((t, model, c)) for t in TARGETS)
+        ratio = "–"
+        if ib and tr and ib.get("stable") and tr.get("stable") and tr["throughput"]:
+            ratio = f"**{ib['throughput'] / tr['throughput']:.2f}×**"
+        lines.append(
+            f"| {model} | {c} | {_pa_cell(ib)} | {_pa_cell(tr)} | {ratio} | {_pa_cell(ml)}"
+            f" | {_pa_latency(ib)} | {_pa_latency(tr)} |"
+        )
+    lines += ["", "| issue 31 target | model | met? |", "|---|---|---|"]
+    for model, what, c, met in pa_verdicts(res):
+        verdict = "no stable figure" if met is None else ("yes" if met else "**no**")
+        lines.append(f"| perf_analyzer c={c}: {what} | {model} | {verdict} |")
+    for model in dict.fromkeys(k[1] for k in res.pa):
+        cpu = (res.cpu_for("inferbus", model, HIGH_CONCURRENCY) or {}).get("total_cpu_us_per_req")
+        if cpu is not None:
+            met = "yes" if cpu <= V3_CPU_TARGET_US else "**no**"
+            lines.append(
+                f"| platform CPU per request at c={HIGH_CONCURRENCY} ≤ {V3_CPU_TARGET_US:.0f} µs"
+                f" ({cpu:,.0f} µs) | {model} | {met} |"
+            )
+        ib1, raw = res.get("inferbus", model, 1), res.raw_for(model, 1)
+        if ib1 and raw and ib1["latency_ms"]["p50"] is not None:
+            added = ib1["latency_ms"]["p50"] - raw["batch1"]["latency_ms"]["p50"]
+            met = "yes" if added <= V3_ADDED_P50_MS else "**no**"
+            lines.append(
+                f"| c=1 added p50 over raw onnxruntime ≤ {V3_ADDED_P50_MS:.1f} ms"
+                f" (+{added:.3f} ms, bench/loadgen.py) | {model} | {met} |"
+            )
     return [*lines, ""]
 
 
@@ -896,6 +997,7 @@ def render(
         " file; edit the scripts, not this page. How to run: see the end of this page.",
         "",
         *section_targets(res),
+        *section_perf_analyzer(res),
         *section_cpu(res),
         *section_machine(res),
         *section_findings(findings),

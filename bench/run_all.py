@@ -32,6 +32,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import perf_analyzer as pa
 from cpu_window import WindowSampler, missing_processes, nats_msgs
 from loadgen import MARK
 from record import BENCH_DIR, REPO, RESULTS_DIR, append_result, machine_info
@@ -95,10 +97,25 @@ class Plan:
     concurrencies: tuple[int, ...]
     raw_seconds: float
     profile_s: float
+    pa_window_ms: int = 4000
+    """perf_analyzer's measurement window (``-p``)."""
 
 
 FULL = Plan(duration_s=8.0, warmup_s=2.0, concurrencies=(1, 16, 64), raw_seconds=2.0, profile_s=6)
-QUICK = Plan(duration_s=3.0, warmup_s=1.0, concurrencies=(1, 64), raw_seconds=1.0, profile_s=3)
+QUICK = Plan(
+    duration_s=3.0,
+    warmup_s=1.0,
+    concurrencies=(1, 64),
+    raw_seconds=1.0,
+    profile_s=3,
+    pa_window_ms=2000,
+)
+VERSION = "1.0.0"
+"""The version every inferbus model is pushed as: a semantic version, as the docs show."""
+PA_STABILITY = ("--stability-percentage", "20", "--max-trials", "8")
+"""perf_analyzer's stability rule for every server alike: three windows in a row
+within 20 % of each other, at most 8 windows (its default 10 % rarely settles on a
+shared 2-core machine, for any server)."""
 
 
 class Runner:
@@ -304,7 +321,7 @@ def first_prediction_s(stack: BenchStack, model_dir: Path, model: str, timeout: 
     client = grpcclient.InferenceServerClient(stack.grpc_url)
     t0 = time.monotonic()
     try:
-        stack.push(model_dir, model)
+        stack.push(model_dir, model, version=VERSION)
         while time.monotonic() - t0 < timeout:
             try:
                 client.infer(model, [inp], client_timeout=5.0)
@@ -374,7 +391,7 @@ def profile_services(stack: BenchStack, runner: Runner, work: Path) -> None:
         )
     try:
         plan = runner.plan
-        runner.plan = Plan(seconds, 0.5, plan.concurrencies, plan.raw_seconds, plan.profile_s)
+        runner.plan = dataclasses.replace(plan, duration_s=seconds, warmup_s=0.5)
         runner.loadgen("inferbus", stack.grpc_url, "fraud", 64, label="profile/fraud/c64")
         runner.plan = plan
     finally:
@@ -404,6 +421,50 @@ def profile_services(stack: BenchStack, runner: Runner, work: Path) -> None:
         )
 
 
+def perf_analyzer_points(runner: Runner, target: str, url: str) -> None:
+    """Triton's perf_analyzer, unmodified, against one server's gRPC port: batch 1,
+    every model and concurrency of the plan, one ``perf_analyzer`` record each.
+
+    A point whose measurement does not settle (perf_analyzer exits non-zero) is
+    recorded as ``stable: false`` with its last lines, and the run goes on.
+    """
+    binary = pa.default_binary()
+    if not binary.exists():
+        runner.record(
+            {
+                "kind": "error",
+                "target": target,
+                "stage": "perf_analyzer",
+                "error": f"no perf_analyzer at {binary}: run scripts/install-perf-analyzer.sh",
+            }
+        )
+        return
+    extra = ["-b", "1", "-p", str(runner.plan.pa_window_ms), *PA_STABILITY]
+    for model in MODELS:
+        for c in runner.plan.concurrencies:
+            record: dict[str, Any] = {
+                "kind": "perf_analyzer",
+                "target": target,
+                "model": model,
+                "concurrency": c,
+                "window_ms": runner.plan.pa_window_ms,
+            }
+            try:
+                row, argv, _ = pa.run_one(binary, "grpc", url, model, c, extra, timeout_s=300)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                text = str(exc)
+                runner.commands.append(text.splitlines()[0])
+                runner.record(record | {"stable": False, "error": text[-1500:]})
+                runner.log(f"  perf_analyzer {target} {model} c={c}: no stable figure")
+                continue
+            runner.commands.append(shlex.join(argv))
+            runner.record(record | {"stable": True} | dataclasses.asdict(row))
+            runner.log(
+                f"  perf_analyzer {target} {model} c={c}: {row.throughput:,.0f} infer/s,"
+                f" p50 {row.p50_us / 1000:.2f} ms, p99 {row.p99_us / 1000:.2f} ms"
+            )
+
+
 def platform_sampler(stack: BenchStack) -> WindowSampler:
     """CPU of every service but the registry (off the data path), and of nats-server."""
     groups = {name: pid for name, pid in stack.pids().items() if name != "registry"}
@@ -424,7 +485,7 @@ def bench_inferbus(runner: Runner, models: dict[str, Path], work: Path, profile:
         runner.log(f"cold start fraud: {cold:.2f}s from push to first prediction")
         runner.record({"kind": "cold_start", "target": "inferbus", "model": "fraud", "s": cold})
         for name in ("heavy", *HEAVY_VARIANTS):
-            stack.push(models[name], name)
+            stack.push(models[name], name, version=VERSION)
         for name in ("heavy", *HEAVY_VARIANTS):
             stack.wait_model_ready(name)
 
@@ -462,6 +523,7 @@ def bench_inferbus(runner: Runner, models: dict[str, Path], work: Path, profile:
                 measured(model, c)
         for name in HEAVY_VARIANTS:
             measured(name, 64)
+        perf_analyzer_points(runner, "inferbus", stack.grpc_url)
         if profile:
             profile_services(stack, runner, work)
 
@@ -625,6 +687,7 @@ def bench_peer(name: str, runner: Runner, models: dict[str, Path], work: Path) -
                     # The whole process tree is the server (see PEER_PROCESSES).
                     sampler = WindowSampler({target: pid}, expect={target: PEER_PROCESSES[target]})
                     runner.loadgen(target, url, model, c, sampler=sampler)
+            perf_analyzer_points(runner, target, url)
     except RuntimeError as exc:
         runner.log(f"{name}: {str(exc)[:200]}")
         runner.record({"kind": "error", "target": target, "stage": "start", "error": str(exc)})

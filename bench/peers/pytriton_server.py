@@ -23,7 +23,7 @@ import numpy as np
 import onnxruntime as ort
 from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-from pytriton.triton import Triton, TritonConfig
+from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
 _NP = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32}
 
@@ -65,7 +65,10 @@ def main() -> None:
         metrics_port=args.metrics_port,
         exit_on_error=True,
     )
-    with Triton(config=config) as triton:
+    # Loopback only, a benchmark: no access token. perf_analyzer calls the
+    # statistics and shared-memory endpoints, which PyTriton restricts by default.
+    security = TritonSecurityConfig(restricted_endpoints=[])
+    with Triton(config=config, security_config=security) as triton:
         for model_dir in args.model_dir:
             cfg = json.loads((model_dir / "config.json").read_text())
             inp, out = cfg["inputs"][0], cfg["outputs"][0]
