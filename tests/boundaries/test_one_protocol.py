@@ -80,7 +80,10 @@ def _python_files() -> list[Path]:
         p
         for root in roots
         for p in (REPO / root).rglob("*.py")
-        if ".venv" not in p.parts and "_pb2" not in p.name and p.resolve() != THIS
+        # .venv and .venvs (bench/.venvs: the peers' throwaway environments) are not ours.
+        if not any(part.startswith(".venv") for part in p.parts)
+        and "_pb2" not in p.name
+        and p.resolve() != THIS
     )
 
 

@@ -21,7 +21,9 @@ from inferbus_common.protocol.bundles import (
 from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.tensors import decode_tensors
 from inferbus_common.subjects import Subjects
-from inferbus_gateway.dispatch.dispatcher import DUPLICATE_REPLIES, Dispatcher, plain_version
+from inferbus_gateway.dispatch.dispatcher import Dispatcher
+from inferbus_gateway.dispatch.metrics import DUPLICATE_REPLIES
+from inferbus_gateway.dispatch.plain import plain_version
 
 SUBJECTS = Subjects("ib")
 

@@ -130,7 +130,7 @@ class GatewaySettings(ServiceSettings):
     """Send requests whose version the gateway decides itself (a pin, or a route with no
     canary taking traffic; `inferbus_common.resolver`) on a route without a shadow
     straight to that version's batchers, skipping the
-    router hop (``inferbus_gateway.dispatch.dispatcher.plain_version``; what it saves:
+    router hop (``inferbus_gateway.dispatch.plain.plain_version``; what it saves:
     docs/architecture.md, step 2). Off: every request goes through the router (its
     metrics and spans then count all traffic)."""
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from prometheus_client import Gauge
 
 from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import Route
@@ -40,10 +39,8 @@ from inferbus_common.errors import (
     DeadlineExceeded,
     InferbusError,
     InvalidArgument,
-    NotFound,
     Unavailable,
 )
-from inferbus_common.loopmetrics import LoopCounter, LoopGauge, LoopHistogram
 from inferbus_common.protocol import headers as h
 from inferbus_common.protocol.bundles import (
     BundledRequest,
@@ -53,10 +50,18 @@ from inferbus_common.protocol.bundles import (
 from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.framing import FrameError, parts_size
 from inferbus_common.protocol.tensors import tensor_frame_parts
-from inferbus_common.resolver import decide, has_shadow
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.dispatch.cpuload import CpuLoad
 from inferbus_gateway.dispatch.fastlane import FastLane
+from inferbus_gateway.dispatch.metrics import (
+    BUNDLE_REQUESTS,
+    CPU_BUSY,
+    DUPLICATE_REPLIES,
+    HELD_BUNDLES,
+    IN_FLIGHT,
+    REPLY_BUNDLES,
+)
+from inferbus_gateway.dispatch.plain import plain_version
 from inferbus_gateway.dispatch.reply import Reply
 
 log = logging.getLogger(__name__)
@@ -65,55 +70,8 @@ _NATS_SUBJECT = "Nats-Subject"
 _BUNDLE_OVERHEAD = 4096
 """Bytes kept free under the bus's message size limit for a bundle's headers."""
 
-DUPLICATE_REPLIES = LoopCounter(
-    "inferbus_gateway_duplicate_replies_total",
-    "Replies dropped because the request was already answered (or given up).",
-)
-BUNDLE_REQUESTS = LoopHistogram(
-    "inferbus_gateway_bundle_requests",
-    "Requests per request bundle the gateway sent.",
-    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-)
-REPLY_BUNDLES = LoopCounter(
-    "inferbus_gateway_reply_bundles_total",
-    "Reply bundles received (each answers one or more requests).",
-)
-HELD_BUNDLES = LoopCounter(
-    "inferbus_gateway_held_bundles_total",
-    "Bundles that collected requests for the bundle window (CPU was short), as opposed "
-    "to going at the end of the loop turn that opened them.",
-)
-IN_FLIGHT = LoopGauge(
-    "inferbus_gateway_dispatch_in_flight",
-    "Requests sent into the platform (or waiting in an open bundle) and not answered yet.",
-)
-CPU_BUSY = Gauge(
-    "inferbus_gateway_cpu_busy",
-    "Busy share (moving average) of the machine's CPUs, the cgroup's quota or the "
-    "gateway's event loop, whichever is highest: from bundle_busy_cpu on, bundles "
-    "collect requests for the bundle window.",
-)
-
-
 _MAX_SUBJECTS = 1024
 """(model, pinned version) pairs whose subject is kept (beyond it they start over)."""
-
-
-def plain_version(route: Route | None, pinned: str) -> str:
-    """The version the gateway may publish a request to itself, skipping the router; ''
-    when the router has something to do.
-
-    The router has nothing to do when the version is decided without it
-    (`inferbus_common.resolver.decide` without a draw: a pin, or a route with
-    no canary taking traffic; the gateway sends pins as concrete versions)
-    and the route copies nothing to a shadow version.
-    """
-    if route is None or has_shadow(route):
-        return ""
-    try:
-        return decide(route, route.model, pinned, draw=None).version
-    except NotFound:
-        return ""  # the router answers it NOT_FOUND, as for any other request
 
 
 def _expire(fut: asyncio.Future[Reply]) -> None:
