@@ -485,6 +485,47 @@ async def test_fast_lane_takes_lone_requests_on_plain_routes(nats_client, dispat
             await sub.stop()
 
 
+async def test_fast_lane_takes_up_to_two_requests_in_flight_per_execution_slot(
+    nats_client, dispatchers
+):
+    """Requests one loop turn apart (each a bundle of one) take the lane while at most
+    two per execution slot of the version are in flight here; the next ones go
+    through the batcher. Without `slots` only `fast_lane_max_in_flight` (1) counts."""
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    worker = await FakeFastWorker(nats_client, SUBJECTS.fast("fraud", "3"), "keepalive").start()
+    asked: list[tuple[str, str]] = []
+
+    def slots(model: str, version: str) -> int:
+        asked.append((model, version))
+        return 2  # e.g. two ready workers of instance_count 1
+
+    per_slot = await dispatchers(
+        "gw-slot", direct=True, fast_lane=True, fast_lane_per_slot=2, slots=slots
+    )
+    lone_only = await dispatchers("gw-slot-1", direct=True, fast_lane=True)
+    plain = Route(model="fraud", stable="3")
+    try:
+        for d, lane_takes in ((per_slot, 4), (lone_only, 1)):
+            worker.release.clear()  # lane requests stay running (kept alive)
+            batcher.hold.clear()
+            before_lane, before_batcher = len(worker.seen), len(batcher.seen)
+            calls = []
+            for i in range(6):  # loop turns apart: six bundles of one
+                calls.append(asyncio.ensure_future(_call(d, plain, request_id=f"p{i}")))
+                await asyncio.sleep(0.02)
+            assert len(worker.seen) - before_lane == lane_takes
+            assert len(batcher.seen) - before_batcher == 6 - lane_takes
+            worker.release.set()
+            batcher.hold.set()
+            await asyncio.wait_for(asyncio.gather(*calls), 10)
+        assert asked and set(asked) == {("fraud", "3")}
+    finally:
+        worker.release.set()
+        batcher.hold.set()
+        for sub in (batcher, worker):
+            await sub.stop()
+
+
 async def test_fast_lane_refused_or_unserved_goes_the_normal_way_at_once(nats_client, dispatchers):
     batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
     fast = await dispatchers("gw-fast-fb", direct=True, fast_lane=True, fast_lane_retry_s=30.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 import nats.errors
@@ -62,6 +62,18 @@ from inferbus_gateway.triton.tracelog import LogSettings, TraceSettings
 log = logging.getLogger("inferbus_gateway")
 
 
+def _execution_slots(catalog: Catalog) -> Callable[[str, str], int]:
+    """A version's execution slots as the catalog knows them now: its ready workers
+    times its ``instance_count`` (the batches each worker runs at once)."""
+
+    def slots(model: str, version: str) -> int:
+        dv = catalog.versions.get((model, version))
+        per_worker = dv.config.instance_count if dv is not None else 1
+        return len(catalog.ready_workers(model, version)) * per_worker
+
+    return slots
+
+
 def _register(collector: Collector) -> Collector:
     """Add a collector to the default registry (served on /metrics) and return it."""
     REGISTRY.register(collector)
@@ -114,6 +126,8 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                 fast_lane=settings.fast_lane,
                 fast_lane_retry_s=settings.fast_lane_retry_s,
                 fast_lane_max_in_flight=settings.fast_lane_max_in_flight,
+                fast_lane_per_slot=settings.fast_lane_per_slot,
+                slots=_execution_slots(catalog),
             )
             await dispatcher.start()
             await stack.enter_async_context(

@@ -142,7 +142,13 @@ class GatewaySettings(ServiceSettings):
     """A fast-lane request with neither an answer nor a worker keep-alive this long is
     sent again the normal way (same request, first answer kept): a killed worker."""
     fast_lane_max_in_flight: int = Field(default=1, ge=1)
-    """The fast lane applies while at most this many requests are in flight here."""
+    """The fast lane applies while at most this many requests are in flight here, or
+    while at most ``fast_lane_per_slot`` per execution slot of the version are."""
+    fast_lane_per_slot: int = Field(default=2, ge=0)
+    """The fast lane also applies while at most this many requests per execution slot
+    of the version (its ready workers' ``instance_count``, summed) are in flight here:
+    two keep a slot busy (one running, one on the wire). 0: only
+    ``fast_lane_max_in_flight`` counts."""
 
     bundle_busy_cpu: float = Field(default=0.9, ge=0.0, le=2.0)
     """Busy share of the machine's CPUs (or of the cgroup's CPU quota), or of the

@@ -132,7 +132,8 @@ class Dispatcher:
             keep-alive for this long is sent the normal way too (a dead worker);
             the first answer per token wins.
         fast_lane_max_in_flight: the fast lane applies while at most this many
-            requests (the new one included) are in flight at this gateway.
+            requests (the new one included) are in flight at this gateway, or at
+            most `fast_lane_per_slot` per execution slot of the version (`slots`).
     """
 
     def __init__(
@@ -149,6 +150,8 @@ class Dispatcher:
         fast_lane: bool = False,
         fast_lane_retry_s: float = 0.5,
         fast_lane_max_in_flight: int = 1,
+        fast_lane_per_slot: int = 0,
+        slots: Callable[[str, str], int] | None = None,
     ) -> None:
         self._direct = direct
         self._window_s = bundle_window_s
@@ -173,6 +176,8 @@ class Dispatcher:
             enabled=fast_lane and direct,
             retry_s=fast_lane_retry_s,
             max_in_flight=fast_lane_max_in_flight,
+            per_slot=fast_lane_per_slot,
+            slots=slots,
         )
         self._bundle_inbox = f"{self._inbox}.b"
         self._pending: dict[int, _Call] = {}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -74,7 +75,12 @@ class FastLane(Generic[C]):
         enabled: whether the lane is used at all.
         retry_s: how long a lane request may go without an answer or keep-alive.
         max_in_flight: the lane applies while at most this many requests (the new
-            one included) are in flight at the gateway.
+            one included) are in flight at the gateway, or
+        per_slot: ... while at most this many per execution slot of the version
+            (`slots`: its ready workers' ``instance_count`` summed); two per slot
+            keep each slot busy (one running, one on the wire) without piling up
+            refusals (A/B in bench/findings.md, round 11).
+        slots: the version's execution slots as the catalog knows them now.
     """
 
     def __init__(
@@ -87,7 +93,13 @@ class FastLane(Generic[C]):
         enabled: bool,
         retry_s: float,
         max_in_flight: int,
+        per_slot: int = 0,
+        slots: Callable[[str, str], int] | None = None,
     ) -> None:
+        self._per_slot = per_slot if slots is not None else 0
+        self._slots = slots
+        self._limits: dict[tuple[str, str], tuple[float, int]] = {}
+        """Per (model, version): (until when, in-flight limit), read again every 0.1 s."""
         self._subjects = subjects
         self._inbox = inbox
         self._resend = resend
@@ -113,12 +125,28 @@ class FastLane(Generic[C]):
         in_flight: int,
     ) -> tuple[str, bytes, str, list[C]] | None:
         """Where a bundle goes when it takes the lane (None: the normal way)."""
-        if not self.enabled or not version or len(calls) != 1 or in_flight > self._max:
+        if not self.enabled or not version or len(calls) != 1:
+            return None
+        if in_flight > self._max and in_flight > self._limit(model, version):
             return None
         timer = asyncio.get_running_loop().call_later(self._retry_s, self._fallback, first)
         self._held[first] = (subject, payload, reply, calls, timer)
         FAST_LANE_SENT.inc()
         return self._subjects.fast(model, version), payload, f"{self._inbox}.f{first}", calls
+
+    def _limit(self, model: str, version: str) -> int:
+        """How many requests may be in flight here for a lone one to take the lane."""
+        if not self._per_slot or self._slots is None:
+            return self._max
+        now = time.monotonic()
+        kept = self._limits.get((model, version))
+        if kept is not None and kept[0] > now:
+            return kept[1]
+        if len(self._limits) >= 1024:
+            self._limits.clear()
+        limit = self._per_slot * self._slots(model, version)
+        self._limits[(model, version)] = (now + 0.1, limit)
+        return limit
 
     def on_reply(self, suffix: str, msg: Msg) -> None:
         """A lane request's reply subject (``f<token>``): a worker's keep-alive (empty)
