@@ -57,7 +57,7 @@ def run_matrix_and_overload(quick: bool, flood_s: float) -> tuple[list[dict], li
     faults: list[dict[str, Any]] = []
     floods: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ib-reliability-") as tmp:
-        with ready_stack(ChaosStack, REPO, Path(tmp), with_slow=True) as stack:
+        with ready_stack(ChaosStack, Path(tmp), with_slow=True) as stack:
             for fault in FAULTS.values():
                 crashes_before = len(stack.start_crashes)
                 report = asyncio.run(run_fault(stack, fault, shape))
@@ -99,7 +99,7 @@ def run_cluster_faults(quick: bool) -> list[dict]:
     shape = Shape.ci() if quick else Shape.long()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ib-reliability-cluster-") as tmp:
-        with ready_stack(ClusterChaosStack, REPO, Path(tmp)) as stack:
+        with ready_stack(ClusterChaosStack, Path(tmp)) as stack:
             for fault in CLUSTER_FAULTS.values():
                 report = asyncio.run(run_fault(stack, fault, shape))
                 row = report.row()

@@ -455,7 +455,8 @@ def perf_analyzer_points(runner: Runner, target: str, url: str) -> None:
                 text = str(exc)
                 runner.commands.append(text.splitlines()[0])
                 runner.record(record | {"stable": False, "error": text[-1500:]})
-                runner.log(f"  perf_analyzer {target} {model} c={c}: no stable figure")
+                reason = "no stable figure" if "stable" in text else "failed"
+                runner.log(f"  perf_analyzer {target} {model} c={c}: {reason}")
                 continue
             runner.commands.append(shlex.join(argv))
             runner.record(record | {"stable": True} | dataclasses.asdict(row))

@@ -22,8 +22,6 @@ from inferbus_registry.settings import RegistrySettings
 from inferbus_testing.examples import make_fraud_model
 from inferbus_testing.servers import NatsServer
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(autouse=True)
 def _no_llm_worker(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,18 +9,15 @@ next starts, and every test checks first that the stack serves).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from inferbus_testing.chaos import ChaosStack, ready_stack
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="package")
 def chaos_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosStack]:
     """The whole platform, both models ready, a (high) cluster limit set in Redis."""
     base = tmp_path_factory.mktemp("chaos")
-    with ready_stack(ChaosStack, REPO, base, with_slow=True) as stack:
+    with ready_stack(ChaosStack, base, with_slow=True) as stack:
         yield stack

@@ -13,7 +13,6 @@ rows of docs/reliability.md ("NATS cluster: losing a node") through
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +20,6 @@ from inferbus_testing.chaos import CLUSTER_FAULTS, ClusterChaosStack, Shape, rea
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 EXPLICIT = {"DEADLINE_EXCEEDED", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}
 
 
@@ -29,7 +27,7 @@ EXPLICIT = {"DEADLINE_EXCEEDED", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}
 def cluster_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterChaosStack]:
     """Two workers, two gateways, Redis; NATS as three nodes; the fraud model ready."""
     base = tmp_path_factory.mktemp("cluster")
-    with ready_stack(ClusterChaosStack, REPO, base) as stack:
+    with ready_stack(ClusterChaosStack, base) as stack:
         yield stack
 
 

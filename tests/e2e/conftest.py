@@ -18,8 +18,6 @@ import pytest
 from inferbus_testing.examples import make_fraud_model
 from inferbus_testing.stack import LocalStack
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 class Stack(LocalStack):
     """A `LocalStack` that also knows the model directory it serves."""

@@ -29,7 +29,6 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import httpx
@@ -63,9 +62,6 @@ class Outcome:
     done: float
     status: str
     message: str
-
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

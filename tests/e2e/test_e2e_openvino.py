@@ -21,7 +21,6 @@ import asyncio
 import json
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -35,7 +34,6 @@ from inferbus_testing.stack import LocalStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "fraud-ov"
 
 

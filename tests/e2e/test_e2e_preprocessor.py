@@ -34,7 +34,6 @@ from inferbus_testing.stack import LocalStack
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "pp"
 LOOP, EXIT, NETWORK = 1000.0, 3000.0, 7000.0
 

@@ -33,8 +33,6 @@ from inferbus_testing.stack import LocalStack
 
 pytestmark = [pytest.mark.integration]
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 class Stack(LocalStack):
     """A `LocalStack` that knows its model directory and S3 bucket."""

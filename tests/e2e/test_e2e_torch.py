@@ -55,8 +55,6 @@ pytestmark = [
     pytest.mark.skipif(not TORCH_PYTHON.exists(), reason=TORCH_MISSING),
 ]
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:

@@ -17,8 +17,6 @@ import tritonclient.grpc as grpcclient
 from inferbus_testing.examples import make_fraud_model
 from inferbus_testing.stack import LocalStack
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 class FuzzStack(LocalStack):
     """A `LocalStack` that can prove it still serves."""

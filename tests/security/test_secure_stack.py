@@ -23,8 +23,6 @@ from inferbus_testing.secure import SecureStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureStack]:

@@ -296,7 +296,7 @@ def build_slow_model() -> onnx.ModelProto:
     return model
 
 
-def make_models(repo: Path, out: Path) -> tuple[Path, Path]:
+def make_models(out: Path) -> tuple[Path, Path]:
     """Write the fraud model (the repository's own script) and the slow model."""
     fraud = out / "fraud"
     make_fraud_model(fraud)
@@ -330,11 +330,11 @@ _Stack = TypeVar("_Stack", bound=ChaosStack)
 
 @contextlib.contextmanager
 def ready_stack(
-    stack_class: type[_Stack], repo: Path, base: Path, *, with_slow: bool = False
+    stack_class: type[_Stack], base: Path, *, with_slow: bool = False
 ) -> Iterator[_Stack]:
     """A started `stack_class` under `base` with a (high) cluster limit in Redis and
     the fraud model ready (and `SLOW_MODEL` with `with_slow`); stopped on exit."""
-    fraud, slow = make_models(repo, base / "models")
+    fraud, slow = make_models(base / "models")
     stack = stack_class(base / "stack", env=environment())
     stack.model_dir = fraud
     with stack:
