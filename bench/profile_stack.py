@@ -116,6 +116,16 @@ def counter_total(stack: BenchStack, service_prefix: str, metric: str) -> float:
 _IDLE_DISPATCHES = "inferbus_batcher_idle_dispatches_total"
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """(steal, total) jiffies of all CPUs from /proc/stat ((0, 0) where unreadable)."""
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0, 0
+    return (values[7] if len(values) > 7 else 0), sum(values)
+
+
 def sampled_run(
     stack: BenchStack,
     sample_dir: Path,
@@ -143,8 +153,14 @@ def sampled_run(
             port = stack.nats.monitor_port
             t0, c0 = time.monotonic(), proc_cpu_s(nats_pid)
             v0 = nats_msgs(port)
+            j0 = cpu_jiffies()
             time.sleep(window)
             fills["nats"] = (proc_cpu_s(nats_pid) - c0, time.monotonic() - t0)
+            j1 = cpu_jiffies()
+            if j1[1] > j0[1]:
+                # A virtual machine's CPUs taken by its host (steal): a run with a
+                # high share measured a machine that was not all there.
+                fills["steal"] = ((j1[0] - j0[0]) / (j1[1] - j0[1]), 0.0)
             v1 = nats_msgs(port)
             if v0 and v1:
                 fills["msgs"] = (v1[0] - v0[0], v1[1] - v0[1], time.monotonic() - t0)
@@ -209,6 +225,8 @@ def sampled_run(
             "busy_core": round(busy, 3),
             "cpu_us_per_req": round(1e6 * busy / served, 1),
         }
+    if "steal" in fills:
+        fill["steal_share"] = round(fills["steal"][0], 3)
     if "msgs" in fills and served:
         # Bus messages per answered request over the same window: published to
         # nats-server (in) and delivered by it (out), JetStream's own included.

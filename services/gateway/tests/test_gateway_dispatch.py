@@ -286,6 +286,64 @@ async def test_a_busy_gateway_collects_requests_for_the_window(nats_client, disp
         await batcher.stop()
 
 
+async def test_requests_that_queue_downstream_collect_for_the_window(nats_client, dispatchers):
+    """With CPU to spare, a bundle still collects requests for the window once
+    more than `bundle_per_slot` per execution slot of the version would be in
+    flight here (they wait downstream anyway); up to that, each goes at once."""
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    d = await dispatchers(
+        "gw-q",
+        direct=True,
+        bundle_window_s=0.4,
+        busy=lambda: False,
+        bundle_per_slot=2,
+        slots=lambda model, version: 2 if (model, version) == ("fraud", "3") else 0,
+    )
+    plain = Route(model="fraud", stable="3")
+    try:
+        batcher.hold.clear()
+        calls = []
+
+        async def bundles(n: int) -> list[int]:
+            for _ in range(500):
+                if len(batcher.bundles) >= n:
+                    break
+                await asyncio.sleep(0.01)
+            return [len(b.requests) for b in batcher.bundles]
+
+        for i in range(4):  # up to 2 per slot x 2 slots: each goes alone, at once
+            calls.append(asyncio.ensure_future(_call(d, plain, request_id=f"q{i}")))
+            await asyncio.sleep(0.01)
+        assert await bundles(4) == [1, 1, 1, 1]
+        t0 = time.monotonic()
+        for i in range(4, 7):  # the fifth on: loop turns apart, one bundle for the window
+            calls.append(asyncio.ensure_future(_call(d, plain, request_id=f"q{i}")))
+            await asyncio.sleep(0.02)
+        assert [len(b.requests) for b in batcher.bundles] == [1, 1, 1, 1]  # held
+        assert await bundles(5) == [1, 1, 1, 1, 3]
+        assert 0.3 <= time.monotonic() - t0 < 5.0
+        batcher.hold.set()
+        await asyncio.wait_for(asyncio.gather(*calls), 10)
+        assert d.in_flight == 0
+        # Through the router (no version known here) only the CPU rule holds.
+        router = await FakeBatcher(nats_client, SUBJECTS.route("fraud")).start()
+        try:
+            router.hold.clear()
+            canary = Route(model="fraud", stable="3", canary="4", canary_weight=10)
+            routed = [asyncio.ensure_future(_call(d, canary, request_id=f"c{i}")) for i in range(6)]
+            for _ in range(6):
+                await asyncio.sleep(0.01)
+            assert [len(b.requests) for b in router.bundles] == [6]  # one loop turn
+            router.hold.set()
+            await asyncio.wait_for(asyncio.gather(*routed), 10)
+        finally:
+            router.hold.set()
+            await router.stop()
+    finally:
+        batcher.hold.set()
+        await batcher.stop()
+
+
 async def test_a_bundle_goes_when_its_rows_fill_a_batch(nats_client, dispatchers):
     batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
     d = await dispatchers("gw-f", direct=True, bundle_window_s=60.0, busy=lambda: True)

@@ -123,6 +123,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                 bundle_window_s=settings.bundle_window_us / 1e6,
                 bundle_max_requests=settings.bundle_max_requests,
                 bundle_busy_cpu=settings.bundle_busy_cpu,
+                bundle_per_slot=settings.bundle_per_slot,
                 fast_lane=settings.fast_lane,
                 fast_lane_retry_s=settings.fast_lane_retry_s,
                 fast_lane_max_in_flight=settings.fast_lane_max_in_flight,

@@ -158,8 +158,15 @@ class GatewaySettings(ServiceSettings):
     messages: less CPU per request) when other requests are in flight; otherwise a
     bundle holds what arrives in one event-loop turn and no request waits. 0: always
     collect; above 1: never."""
+    bundle_per_slot: int = Field(default=2, ge=0)
+    """A new bundle on a plain route also collects requests while at least this many
+    requests per execution slot of its version (ready workers × ``instance_count``)
+    are in flight here, since they queue downstream anyway: it is sent once it holds
+    one slot's share of them, or after ``bundle_window_us``. 0: only the CPU rule
+    (``bundle_busy_cpu``) makes bundles wait."""
     bundle_window_us: int = Field(default=6000, ge=0, le=1_000_000)
-    """How long a bundle collects requests while CPU is short (``bundle_busy_cpu``)."""
+    """How long a bundle collects requests at most while CPU is short
+    (``bundle_busy_cpu``) or requests queue downstream (``bundle_per_slot``)."""
     bundle_max_requests: int = Field(default=256, ge=1, le=65535)
     """A bundle is sent as soon as it holds this many requests."""
 

@@ -7,10 +7,12 @@ requests, and each reply bundle that comes back answers several waiting calls.
 A lone request is a bundle of one: there is no other request framing.
 A bundle goes at the end of the event-loop turn that opened it, unless CPU is
 what limits (the machine's CPUs or the gateway's event loop nearly always
-busy, `cpuload.CpuLoad`) and other requests are in flight: then it collects
-requests for ``bundle_window_us``. A gateway with CPU to spare never makes a
-request wait; one short of CPU sends fewer, fuller messages, which leaves
-more CPU for the requests themselves.
+busy, `cpuload.CpuLoad`) and other requests are in flight, or when the
+version's requests already queue downstream (at least ``bundle_per_slot``
+of them in flight here per execution slot, `slots.SlotCount`): then it
+collects requests for ``bundle_window_us``. A gateway with CPU to spare and
+workers free never makes a request wait; otherwise it sends fewer, fuller
+messages, which leaves more CPU for the requests themselves.
 Details and figures: docs/architecture.md ("Bundles").
 
 Each gateway owns one inbox subscription (``ib.reply.<instance>.*``): reply
@@ -63,6 +65,7 @@ from inferbus_gateway.dispatch.metrics import (
 )
 from inferbus_gateway.dispatch.plain import plain_version
 from inferbus_gateway.dispatch.reply import Reply
+from inferbus_gateway.dispatch.slots import SlotCount
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +127,10 @@ class Dispatcher:
         busy: tells whether CPU is what limits (default: a `CpuLoad` of this
             process, from `bundle_busy_cpu` on).
         bundle_busy_cpu: busy share from which the default `busy` says yes.
+        bundle_per_slot: a new bundle on a plain route also collects requests
+            while at least this many requests for its version per execution slot
+            (`slots`) are in flight here: they queue downstream anyway.
+            0: only `busy` makes bundles wait.
         fast_lane: send a lone request on a plain route (a bundle of one, with at
             most `fast_lane_max_in_flight` requests in flight here) to the version's
             idle workers over core NATS (``Subjects.fast``) first; a refusal or no
@@ -147,6 +154,7 @@ class Dispatcher:
         bundle_max_requests: int = 256,
         busy: Callable[[], bool] | None = None,
         bundle_busy_cpu: float = 0.9,
+        bundle_per_slot: int = 0,
         fast_lane: bool = False,
         fast_lane_retry_s: float = 0.5,
         fast_lane_max_in_flight: int = 1,
@@ -165,6 +173,10 @@ class Dispatcher:
                 return load.saturated
 
         self._busy = busy
+        self._slots = SlotCount(slots) if slots is not None else None
+        self._per_slot = bundle_per_slot if self._slots is not None else 0
+        self._by_key: dict[str, int] = {}
+        """Requests in flight here per subject (sent or in an open bundle)."""
         self._nc = nc
         self._subjects = subjects
         self._inbox = subjects.reply_inbox(instance)
@@ -177,7 +189,7 @@ class Dispatcher:
             retry_s=fast_lane_retry_s,
             max_in_flight=fast_lane_max_in_flight,
             per_slot=fast_lane_per_slot,
-            slots=slots,
+            slots=self._slots,
         )
         self._bundle_inbox = f"{self._inbox}.b"
         self._pending: dict[int, _Call] = {}
@@ -435,17 +447,19 @@ class Dispatcher:
         lead = None
         if bundle is None:
             bundle = self._open[key] = _Bundle(key, model, version, max_rows=max_rows)
-            if not self._waiting or not self._busy():
-                # CPU to spare (or nothing else in flight): what arrives in this loop
-                # turn joins; this call sends it.
+            if not self._waiting or not (self._busy() or self._queued(key, model, version)):
+                # CPU to spare and workers free (or nothing else in flight): what
+                # arrives in this loop turn joins; this call sends it.
                 lead = bundle
             else:
-                # Short of CPU: requests wait for it anyway; collect a while.
+                # Short of CPU, or the version's requests queue downstream: they
+                # wait anyway; collect a while.
                 HELD_BUNDLES.inc()
                 window = self._window_s if window_s is None else min(window_s, self._window_s)
                 bundle.timer = asyncio.get_running_loop().call_later(window, self._flush, key)
         call.opened_ns = time.monotonic_ns()
         bundle.calls.append(call)
+        self._by_key[key] = self._by_key.get(key, 0) + 1
         self._waiting += 1
         IN_FLIGHT.value = self._waiting
         bundle.nbytes += size
@@ -456,6 +470,15 @@ class Dispatcher:
             self._flush(key)
             return None
         return lead
+
+    def _queued(self, key: str, model: str, version: str) -> bool:
+        """Whether `bundle_per_slot` or more requests per execution slot of
+        `version` are in flight here for `key` (plain routes only: a known version)."""
+        if not self._per_slot or not version:
+            return False
+        assert self._slots is not None
+        slots = self._slots(model, version)
+        return 0 < slots * self._per_slot <= self._by_key.get(key, 0)
 
     def _flush(self, key: str, bundle: _Bundle | None = None) -> None:
         """Send the open bundle of `key` (only if it is `bundle`, when given) in a task."""
@@ -538,6 +561,11 @@ class Dispatcher:
         """A call ended (answered, timed out or cancelled): forget its token."""
         self._waiting -= 1
         IN_FLIGHT.value = self._waiting
+        left = self._by_key[call.key] - 1
+        if left:
+            self._by_key[call.key] = left
+        else:
+            del self._by_key[call.key]
         if call.token:
             self._pending.pop(call.token, None)
             self._fast.forget(call.token)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -80,7 +79,8 @@ class FastLane(Generic[C]):
             (`slots`: its ready workers' ``instance_count`` summed); two per slot
             keep each slot busy (one running, one on the wire) without piling up
             refusals (A/B in bench/findings.md, round 11).
-        slots: the version's execution slots as the catalog knows them now.
+        slots: the version's execution slots as the catalog knows them now
+            (cheap: called per lone request; `slots.SlotCount` caches it).
     """
 
     def __init__(
@@ -98,8 +98,6 @@ class FastLane(Generic[C]):
     ) -> None:
         self._per_slot = per_slot if slots is not None else 0
         self._slots = slots
-        self._limits: dict[tuple[str, str], tuple[float, int]] = {}
-        """Per (model, version): (until when, in-flight limit), read again every 0.1 s."""
         self._subjects = subjects
         self._inbox = inbox
         self._resend = resend
@@ -138,15 +136,7 @@ class FastLane(Generic[C]):
         """How many requests may be in flight here for a lone one to take the lane."""
         if not self._per_slot or self._slots is None:
             return self._max
-        now = time.monotonic()
-        kept = self._limits.get((model, version))
-        if kept is not None and kept[0] > now:
-            return kept[1]
-        if len(self._limits) >= 1024:
-            self._limits.clear()
-        limit = self._per_slot * self._slots(model, version)
-        self._limits[(model, version)] = (now + 0.1, limit)
-        return limit
+        return self._per_slot * self._slots(model, version)
 
     def on_reply(self, suffix: str, msg: Msg) -> None:
         """A lane request's reply subject (``f<token>``): a worker's keep-alive (empty)
