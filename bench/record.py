@@ -61,7 +61,8 @@ def machine_info() -> dict[str, Any]:
     Returns:
         CPU model, logical CPUs usable by this process, memory, the 1/5/15 min
         load average at the time of the call (other work on a shared machine
-        shows up here), OS, Python and onnxruntime versions and the git commit.
+        shows up here), OS, Python and onnxruntime versions, the git commit and
+        the CPUs' steal and total jiffies so far.
     """
     try:
         import onnxruntime
@@ -78,7 +79,19 @@ def machine_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "onnxruntime": ort_version,
         "git": _git_commit(),
+        "cpu_jiffies": _cpu_jiffies(),
     }
+
+
+def _cpu_jiffies() -> list[int] | None:
+    """[steal, total] jiffies of all CPUs so far (/proc/stat): two readings give the
+    share of the time a virtual machine's host took its CPUs away (steal)."""
+    try:
+        with open("/proc/stat") as fh:
+            values = [int(v) for v in fh.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return [values[7] if len(values) > 7 else 0, sum(values)]
 
 
 def append_result(path: Path, record: dict[str, Any]) -> None:

@@ -563,6 +563,19 @@ def section_cpu(res: Results) -> list[str]:
 # ---------------------------------------------------------------- sections
 
 
+def _steal_line(first: dict[str, Any], last: dict[str, Any]) -> list[str]:
+    """The share of the CPUs' time the VM's host took away between two readings."""
+    a, b = first.get("cpu_jiffies"), last.get("cpu_jiffies")
+    if not a or not b or b[1] <= a[1]:
+        return []
+    share = (b[0] - a[0]) / (b[1] - a[1])
+    return [
+        f"* CPU steal (time this virtual machine's host gave its CPUs to others) from the"
+        f" start to the last run: {100 * share:.1f} % of the CPU time; above a few per cent"
+        " the run measured a machine that was not all there."
+    ]
+
+
 def section_machine(res: Results) -> list[str]:
     """Machine, command, load and noise note."""
     m = res.run.get("machine", {})
@@ -577,6 +590,7 @@ def section_machine(res: Results) -> list[str]:
         f" took {_fmt(res.elapsed_s, 0)} s",
         f"* Load average (1/5/15 min) at start {m.get('loadavg')}, at the last run"
         f" {last.get('loadavg')}.",
+        *_steal_line(m, last),
         "",
         "**Noise.** This machine is shared: other engineers' test suites ran while this was"
         " measured, and the load generator itself (Python, one process) runs on the same"
