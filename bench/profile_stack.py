@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
 from cpu_window import nats_msgs, proc_cpu_s
+from record import cpu_jiffies
 from render import summarize_collapsed
 from stack import BenchStack
 
@@ -116,16 +117,6 @@ def counter_total(stack: BenchStack, service_prefix: str, metric: str) -> float:
 _IDLE_DISPATCHES = "inferbus_batcher_idle_dispatches_total"
 
 
-def cpu_jiffies() -> tuple[int, int]:
-    """(steal, total) jiffies of all CPUs from /proc/stat ((0, 0) where unreadable)."""
-    try:
-        with open("/proc/stat") as f:
-            values = [int(v) for v in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return 0, 0
-    return (values[7] if len(values) > 7 else 0), sum(values)
-
-
 def sampled_run(
     stack: BenchStack,
     sample_dir: Path,
@@ -157,7 +148,7 @@ def sampled_run(
             time.sleep(window)
             fills["nats"] = (proc_cpu_s(nats_pid) - c0, time.monotonic() - t0)
             j1 = cpu_jiffies()
-            if j1[1] > j0[1]:
+            if j0 and j1 and j1[1] > j0[1]:
                 # A virtual machine's CPUs taken by its host (steal): a run with a
                 # high share measured a machine that was not all there.
                 fills["steal"] = ((j1[0] - j0[0]) / (j1[1] - j0[1]), 0.0)

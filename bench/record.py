@@ -79,11 +79,11 @@ def machine_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "onnxruntime": ort_version,
         "git": _git_commit(),
-        "cpu_jiffies": _cpu_jiffies(),
+        "cpu_jiffies": cpu_jiffies(),
     }
 
 
-def _cpu_jiffies() -> list[int] | None:
+def cpu_jiffies() -> list[int] | None:
     """[steal, total] jiffies of all CPUs so far (/proc/stat): two readings give the
     share of the time a virtual machine's host took its CPUs away (steal)."""
     try:

@@ -161,9 +161,9 @@ class GatewaySettings(ServiceSettings):
     bundle_per_slot: int = Field(default=2, ge=0)
     """A new bundle on a plain route also collects requests while at least this many
     requests per execution slot of its version (ready workers × ``instance_count``)
-    are in flight here, since they queue downstream anyway: it is sent once it holds
-    one slot's share of them, or after ``bundle_window_us``. 0: only the CPU rule
-    (``bundle_busy_cpu``) makes bundles wait."""
+    are in flight here, since they queue downstream anyway: it is sent after
+    ``bundle_window_us`` (or when full). 0: only the CPU rule (``bundle_busy_cpu``)
+    makes bundles wait."""
     bundle_window_us: int = Field(default=6000, ge=0, le=1_000_000)
     """How long a bundle collects requests at most while CPU is short
     (``bundle_busy_cpu``) or requests queue downstream (``bundle_per_slot``)."""
