@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from cpu_window import take_snapshot
 
 from inferbus_testing.llm import TINY_LLM, build_tiny_llm, start_llm_worker, wait_llm_ready
 from inferbus_testing.stack import LocalStack
@@ -256,6 +257,32 @@ def engine_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
     return out
 
 
+def cpu_per_token(before: Any, after: Any, tokens: float) -> dict[str, Any]:
+    """CPU µs per output token of each server process group over one run.
+
+    ``before``/``after`` are `cpu_window.take_snapshot`s of the arm's processes
+    (inferbus: gateway, router, nats-server, the LLM worker with its engine
+    core; vLLM: its server's whole tree). The server side's CPU is what the
+    engine shares the machine's cores with.
+    """
+    out: dict[str, float] = {}
+    processes: dict[str, float] = {}
+    for name, now in after.procs.items():
+        then = before.procs.get(name, {})
+        ticks = 0
+        for pid, (comm, t) in now.items():
+            used = t - then.get(pid, (comm, 0))[1]
+            ticks += used
+            if used and tokens:
+                processes[f"{name}/{comm}[{pid}]"] = round(1e6 * used / after.hz / tokens, 1)
+        out[name] = round(1e6 * ticks / after.hz / tokens, 1) if tokens else float("nan")
+    return {
+        "cpu_us_per_token": out,
+        "cpu_us_per_token_total": round(sum(out.values()), 1),
+        "cpu_us_per_token_by_process": processes,
+    }
+
+
 def scenario_label(scenario: str, args: argparse.Namespace) -> str:
     """How a scenario reads in the table."""
     if scenario == "rate":
@@ -338,6 +365,7 @@ def run_all(
     base: Path,
     out_path: Path,
     rows: list[dict[str, Any]],
+    pids: dict[str, dict[str, int]] | None = None,
 ) -> None:
     """Every round, backend and scenario against both arms, alternating which goes first.
 
@@ -357,8 +385,12 @@ def run_all(
                     cmd = bench_command(urls[arm], backend, hf_dir, args, scenario)
                     load = os.getloadavg()[0]
                     e0 = engine_sums(metrics[arm])
+                    c0 = take_snapshot((pids or {}).get(arm, {}))
                     result = run_one(cmd, base, f"{arm}-{backend}-{scenario}-{rnd}.json")
+                    c1 = take_snapshot((pids or {}).get(arm, {}))
                     result.update(engine_delta(e0, engine_sums(metrics[arm])))
+                    tokens = result["output_tok_s"] * result["duration_s"]
+                    result.update(cpu_per_token(c0, c1, tokens))
                     row = {
                         "arm": arm,
                         "backend": backend,
@@ -383,7 +415,8 @@ def run_all(
                         f"{row['engine_queue_mean_ms']:.1f} ms, worker loop lag "
                         f"{row.get('worker_loop_lag_mean_ms', '-')} ms; worker ttft "
                         f"{row.get('worker_ttft_mean_ms', '-')}, gateway ttft "
-                        f"{row.get('gateway_ttft_mean_ms', '-')} ms",
+                        f"{row.get('gateway_ttft_mean_ms', '-')} ms; CPU µs/token "
+                        f"{row['cpu_us_per_token_total']} {row['cpu_us_per_token_by_process']}",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -475,8 +508,17 @@ def main() -> None:
                     args.worker_pid = worker.pid
                     urls = {f"session-nice-{n}": urls["inferbus"] for n in args.ab_session_nice}
                     metrics = {arm: metrics["inferbus"] for arm in urls}
+                inferbus_pids = {
+                    "gateway": stack.gateway.pid or 0,
+                    "router": stack.router.pid or 0,
+                    "nats-server": stack.nats.pid if stack.nats is not None else 0,
+                    "llm-worker": worker.pid or 0,
+                }
+                pids = {arm: inferbus_pids for arm in urls if arm != "vllm"}
+                if server is not None:
+                    pids["vllm"] = {"vllm-serve": server.pid}
                 print("servers:", urls, file=sys.stderr)
-                run_all(args, urls, metrics, hf_dir, base, out_path, rows)
+                run_all(args, urls, metrics, hf_dir, base, out_path, rows, pids)
         finally:
             if server is not None:
                 server.terminate()

@@ -14,6 +14,13 @@ does not reorder messages from one publisher, but a stream may still lose one
 (a slow consumer): the gateway reorders within a small window and fails the
 stream cleanly on a gap.
 
+Chunk frames: a gateway that puts ``Ib-Chunk-Frames: <subject>`` on the request
+takes that request's plain chunks (no error) framed: the worker packs the chunks
+one engine step made for all the streams of that gateway into one message on
+``<subject>`` (`pack_chunk`, `unpack_chunks`; ``Ib-Version`` once, in its
+headers), instead of one message per stream and step. Errors still travel as
+single messages, after whatever frame was pending.
+
 Gateway → every LLM worker: an empty message on ``<prefix>.gencancel.<request
 id>`` (`Subjects.gen_cancel`) when the client went away or the deadline passed;
 the worker holding that request aborts it in the engine (its KV cache is freed).
@@ -21,7 +28,9 @@ the worker holding that request aborts it in the engine (its KV cache is freed).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
@@ -221,8 +230,8 @@ class GenerationChunk:
     timings_ms: dict[str, float] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        """JSON body of the chunk message."""
-        return orjson.dumps(asdict(self))
+        """JSON body of the chunk message (orjson writes the dataclass itself)."""
+        return orjson.dumps(self)
 
     @classmethod
     def decode(cls, data: bytes) -> GenerationChunk:
@@ -241,3 +250,35 @@ class GenerationChunk:
                 for lp in known["logprobs"]
             ]
         return cls(**known)
+
+
+_ENTRY = struct.Struct("<HIBI")
+"""A framed chunk's head: reply subject length, sequence number, final flag, body length."""
+
+
+def pack_chunk(reply: str, seq: int, final: bool, body: bytes) -> bytes:
+    """One chunk as an entry of a chunk frame (concatenate entries to make a frame)."""
+    subject = reply.encode()
+    return _ENTRY.pack(len(subject), seq, 1 if final else 0, len(body)) + subject + body
+
+
+def unpack_chunks(frame: bytes) -> Iterator[tuple[str, int, bool, bytes]]:
+    """The ``(reply subject, sequence number, final, body)`` of each entry of a frame.
+
+    Raises:
+        ValueError: a truncated or malformed frame.
+    """
+    view = memoryview(frame)
+    pos, end = 0, len(frame)
+    head = _ENTRY.size
+    while pos < end:
+        if end - pos < head:
+            raise ValueError("a chunk frame ends inside an entry's head")
+        n_subject, seq, final, n_body = _ENTRY.unpack_from(view, pos)
+        pos += head
+        if end - pos < n_subject + n_body:
+            raise ValueError("a chunk frame ends inside an entry")
+        reply = str(view[pos : pos + n_subject], "utf-8")
+        pos += n_subject
+        yield reply, seq, final == 1, bytes(view[pos : pos + n_body])
+        pos += n_body

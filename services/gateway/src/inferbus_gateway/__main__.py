@@ -140,7 +140,9 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                     grace_s=settings.no_worker_grace_s,
                 )
             )
-            gen_dispatcher = GenerationDispatcher(nc, subjects, instance)
+            gen_dispatcher = GenerationDispatcher(
+                nc, subjects, instance, chunk_frames=settings.generation_chunk_frames
+            )
             await gen_dispatcher.start()
             generation = GenerationService(
                 catalog,

@@ -3,7 +3,9 @@
 `GenerationDispatcher` owns one inbox subscription per gateway
 (``ib.reply.<instance>.gen.*``; the tensor `Dispatcher` only sees
 ``ib.reply.<instance>.*``, one token deep). Each request gets a `ChunkStream`
-that puts the worker's chunks back in ``Ib-Seq`` order within a small window
+that puts the worker's chunks back in ``Ib-Seq`` order (chunk frames, several
+streams' chunks in one message on ``ib.reply.<instance>.gen.frames``, are
+unpacked into their streams first) within a small window
 and fails cleanly (UNAVAILABLE, "stream lost chunk N") on a gap that the window
 cannot close or that is not closed within ``gap_timeout_s``.
 
@@ -27,6 +29,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Protocol
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -43,7 +46,7 @@ from inferbus_common.errors import (
     NotFound,
     Unavailable,
 )
-from inferbus_common.generation import GenerationChunk, GenerationRequest
+from inferbus_common.generation import GenerationChunk, GenerationRequest, unpack_chunks
 from inferbus_common.modelconfig import GenerationConfig
 from inferbus_common.protocol import headers as h
 from inferbus_common.protocol.replies import error_from_reply
@@ -92,8 +95,37 @@ GEN_GAPS = Counter(
     "Streams failed because a chunk never arrived (sequence gap).",
 )
 
+GEN_FRAMES_BAD = Counter(
+    "inferbus_gateway_gen_bad_frames_total",
+    "Chunk frames that could not be unpacked (their streams then fail on a gap).",
+)
+
 MAX_UNANSWERED = 10_000
 """Streams cancelled before any message came that a gateway watches for a late chunk."""
+
+FRAMES_TOKEN = "frames"
+"""Last token of the subject where workers send this gateway's chunk frames (stream
+tokens are numbers)."""
+
+
+class ChunkMessage(Protocol):
+    """What a stream reads of a chunk: a NATS message, or a chunk unpacked from a frame."""
+
+    @property
+    def headers(self) -> dict[str, str] | None: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+
+class FramedChunk:
+    """One chunk of a frame, with the headers its own message would have had."""
+
+    __slots__ = ("data", "headers")
+
+    def __init__(self, headers: dict[str, str], data: bytes) -> None:
+        self.headers = headers
+        self.data = data
 
 
 class ChunkStream:
@@ -108,19 +140,19 @@ class ChunkStream:
     """
 
     def __init__(self, window: int = 32, gap_timeout_s: float = 2.0) -> None:
-        self._queue: asyncio.Queue[Msg] = asyncio.Queue()
+        self._queue: asyncio.Queue[ChunkMessage] = asyncio.Queue()
         self._window = window
         self._gap_timeout_s = gap_timeout_s
         self.version = ""
         self.received = False
         """Whether any message came (then a worker, or the router, holds the request)."""
 
-    def feed(self, msg: Msg) -> None:
+    def feed(self, msg: ChunkMessage) -> None:
         """Called by the dispatcher for every message on this request's inbox."""
         self.received = True
         self._queue.put_nowait(msg)
 
-    async def _next_message(self, timeout_s: float) -> Msg | None:
+    async def _next_message(self, timeout_s: float) -> ChunkMessage | None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 return await self._queue.get()
@@ -135,7 +167,7 @@ class ChunkStream:
             Unavailable: a gap in the sequence, or a malformed chunk.
         """
         expected = 0
-        held: dict[int, Msg] = {}
+        held: dict[int, ChunkMessage] = {}
         while True:
             msg = held.pop(expected, None)
             if msg is None:
@@ -195,12 +227,17 @@ class GenerationDispatcher:
         nc: connected NATS client.
         subjects: naming scheme.
         instance: this gateway's id (names its inbox).
+        chunk_frames: ask workers for chunk frames (`frames_subject`).
     """
 
-    def __init__(self, nc: Client, subjects: Subjects, instance: str) -> None:
+    def __init__(
+        self, nc: Client, subjects: Subjects, instance: str, *, chunk_frames: bool = True
+    ) -> None:
         self._nc = nc
         self.subjects = subjects
         self._inbox = f"{subjects.reply_inbox(instance)}.gen"
+        self.frames_subject = f"{self._inbox}.{FRAMES_TOKEN}" if chunk_frames else ""
+        """Where workers send this gateway's chunk frames ('' : not asked for)."""
         self._streams: dict[str, ChunkStream] = {}
         self._unanswered: dict[str, tuple[str, int]] = {}
         """Streams cancelled before any message came: token → (request id, until ns)."""
@@ -230,6 +267,26 @@ class GenerationDispatcher:
 
     async def _on_chunk(self, msg: Msg) -> None:
         token = msg.subject[len(self._inbox) + 1 :]
+        if token == FRAMES_TOKEN:
+            await self._on_frame(msg)
+            return
+        await self._deliver(token, msg)
+
+    async def _on_frame(self, msg: Msg) -> None:
+        """Hand each chunk of a frame to its stream, as if it came on its own."""
+        version = (msg.headers or {}).get(h.VERSION, "")
+        cut = len(self._inbox) + 1
+        try:
+            for reply, seq, final, body in unpack_chunks(msg.data):
+                headers = {h.SEQ: str(seq), h.VERSION: version}
+                if final:
+                    headers[h.FINAL] = "1"
+                await self._deliver(reply[cut:], FramedChunk(headers, body))
+        except ValueError as exc:
+            GEN_FRAMES_BAD.inc()
+            log.warning("a malformed chunk frame was dropped: %s", exc)
+
+    async def _deliver(self, token: str, msg: ChunkMessage) -> None:
         stream = self._streams.get(token)
         if stream is not None:
             stream.feed(msg)
@@ -526,6 +583,8 @@ class GenerationService:
                 h.REPLY: reply,
                 h.KIND: h.KIND_GENERATE,
             }
+            if self.dispatcher.frames_subject:
+                out[h.CHUNK_FRAMES] = self.dispatcher.frames_subject
             if version:
                 # The concrete version resolved above (the router's own rule), so an
                 # alias moved meanwhile cannot send it elsewhere.

@@ -43,6 +43,10 @@ class GatewaySettings(ServiceSettings):
     generation_max_timeout_s: float = Field(default=120.0, gt=0)
     """Longest deadline of a generative request (OpenAI endpoints) that brings none:
     the model's ``generation.default_timeout_ms``, capped at this."""
+    generation_chunk_frames: bool = True
+    """Ask LLM workers to frame the chunks of one engine step for all of this
+    gateway's streams into one message (``Ib-Chunk-Frames``) instead of one
+    message per stream and step; false: one message per chunk."""
     max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     """Largest request accepted (gRPC message or HTTP body)."""
     redis_url: str = ""

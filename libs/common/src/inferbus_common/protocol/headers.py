@@ -57,6 +57,10 @@ SEQ = "Ib-Seq"
 """On streamed replies: 0-based sequence number of the chunk."""
 FINAL = "Ib-Final"
 """On streamed replies: ``1`` on the last chunk of a stream (nothing follows it)."""
+CHUNK_FRAMES = "Ib-Chunk-Frames"
+"""On generative requests: the subject where the sender takes chunk frames (several
+streams' chunks in one message, `inferbus_common.generation.pack_chunk`); absent:
+one message per chunk."""
 HANDOFF = "Ib-Handoff"
 """On generative requests: how many times full LLM workers published the request
 back to its subject for a worker with room (bounded, see the LLM worker)."""

@@ -120,3 +120,14 @@ TOKENS_PER_SECOND = Histogram(
     _LABELS,
     buckets=(1, 5, 10, 25, 50, 100, 200, 400, 800, 1600, 3200),
 )
+CHUNK_MESSAGES = Counter(
+    "inferbus_llm_chunk_messages",
+    "Messages that carried chunks to gateways, by how (frame: the chunks of several "
+    "streams for one gateway; single: one chunk, e.g. an error or a gateway without frames).",
+    [*_LABELS, "how"],
+)
+FRAMED_CHUNKS = Counter(
+    "inferbus_llm_framed_chunks",
+    "Chunks sent inside frames (÷ frame messages = chunks per frame).",
+    _LABELS,
+)

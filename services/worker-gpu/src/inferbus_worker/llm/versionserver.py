@@ -34,6 +34,7 @@ from inferbus_common.generation import (
     LLM_LATE_REASON,
     GenerationChunk,
     GenerationRequest,
+    pack_chunk,
 )
 from inferbus_common.modelconfig import GenerationConfig
 from inferbus_common.protocol import headers as h
@@ -118,6 +119,9 @@ class VersionServer(QueueIntake, EngineSupervision):
         """Where "no responders" for requests we handed off comes back."""
         self._handoff_sub: Subscription | None = None
         self._stopping = False
+        self._frames: dict[str, list[bytes]] = {}
+        """Chunk frames being filled: frames subject → packed chunks (`_publish`)."""
+        self._frame_flush: asyncio.Task[None] | None = None
 
     @property
     def in_flight(self) -> int:
@@ -161,6 +165,7 @@ class VersionServer(QueueIntake, EngineSupervision):
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        await self._flush_frames()
         await self._shutdown(self.engine)
         self._zero_gauges()
 
@@ -174,12 +179,45 @@ class VersionServer(QueueIntake, EngineSupervision):
         return True
 
     async def _publish(
-        self, reply: str, seq: int, body: bytes, extra: dict[str, str], final: bool, rid: str
+        self,
+        reply: str,
+        seq: int,
+        body: bytes,
+        extra: dict[str, str],
+        final: bool,
+        rid: str,
+        frames: str = "",
     ) -> None:
+        """Send one chunk: into the pending frame for `frames` (a plain chunk of a
+        gateway that takes frames), else as a message of its own after the frames."""
+        if frames and not extra:
+            pending = self._frames.get(frames)
+            if pending is None:
+                pending = self._frames[frames] = []
+            pending.append(pack_chunk(reply, seq, final, body))
+            if self._frame_flush is None:
+                # Runs after the other streams this engine step woke have added theirs.
+                self._frame_flush = asyncio.create_task(self._flush_frames())
+            return
+        await self._flush_frames()  # what a stream sent before goes first
         headers = {h.SEQ: str(seq), h.REQUEST_ID: rid, h.VERSION: self.dv.version, **extra}
         if final:
             headers[h.FINAL] = "1"
+        metrics.CHUNK_MESSAGES.labels(*self._labels, "single").inc()
         await self._nc.publish(reply, body, headers=headers)
+
+    async def _flush_frames(self) -> None:
+        """Publish every pending chunk frame (one message per gateway)."""
+        self._frame_flush = None
+        if not self._frames:
+            return
+        frames, self._frames = self._frames, {}
+        headers = {h.VERSION: self.dv.version}
+        for subject, entries in frames.items():
+            metrics.CHUNK_MESSAGES.labels(*self._labels, "frame").inc()
+            metrics.FRAMED_CHUNKS.labels(*self._labels).inc(len(entries))
+            with contextlib.suppress(*NATS_ERRORS):
+                await self._nc.publish(subject, b"".join(entries), headers=headers)
 
     async def _on_request(self, msg: Msg) -> None:
         headers = msg.headers or {}
@@ -222,7 +260,10 @@ class VersionServer(QueueIntake, EngineSupervision):
             with contextlib.suppress(*NATS_ERRORS):
                 await self._publish(reply, 0, b"", error_headers(exc, rid), True, rid)
             return
-        task = asyncio.create_task(self._run(rid, request, reply, deadline_ns), name=f"gen-{rid}")
+        frames = headers.get(h.CHUNK_FRAMES, "")
+        task = asyncio.create_task(
+            self._run(rid, request, reply, deadline_ns, frames), name=f"gen-{rid}"
+        )
         self._tasks[rid] = task
         metrics.IN_FLIGHT.labels(*self._labels).set(len(self._tasks))
         task.add_done_callback(lambda _t: self._forget(rid, task))
@@ -261,9 +302,12 @@ class VersionServer(QueueIntake, EngineSupervision):
         self._intake_changed()
 
     async def _run(
-        self, rid: str, request: GenerationRequest, reply: str, deadline_ns: int
+        self, rid: str, request: GenerationRequest, reply: str, deadline_ns: int, frames: str = ""
     ) -> None:
-        """Generate and stream one request; every outcome ends with one final chunk."""
+        """Generate and stream one request; every outcome ends with one final chunk.
+
+        `frames`: the gateway's chunk-frame subject ('' : one message per chunk).
+        """
         t0 = time.monotonic()
         seq = 0
         status = "OK"
@@ -318,7 +362,7 @@ class VersionServer(QueueIntake, EngineSupervision):
                                 "total": (now - t0) * 1000.0,
                             }
                         if chunk.text or chunk.tokens or chunk.finish_reason or final:
-                            await self._publish(reply, seq, chunk.encode(), {}, final, rid)
+                            await self._publish(reply, seq, chunk.encode(), {}, final, rid, frames)
                             seq += 1
                         # Neither vLLM's output queue (when a step is ready) nor a NATS
                         # publish (a buffer append) suspends: without this the loop would

@@ -1,0 +1,185 @@
+"""Chunk frames: one message per engine step and gateway, not per stream (real nats-server).
+
+The worker side is a `VersionServer` over a scripted engine whose streams all
+step together when the test says so (vLLM is not in the workspace
+environment); the gateway side is the gateway's own `GenerationDispatcher` and
+`ChunkStream`. The same path with a real vLLM engine runs in
+tests/e2e/test_e2e_llm.py and in ``bench/llm_vs_vllm.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest
+from prometheus_client import REGISTRY
+
+from inferbus_common.catalog import DeployedVersion
+from inferbus_common.errors import Unavailable
+from inferbus_common.generation import GenerationRequest, pack_chunk, unpack_chunks
+from inferbus_common.protocol import headers as h
+from inferbus_common.subjects import Subjects
+from inferbus_gateway.generation import ChunkStream, GenerationDispatcher
+from inferbus_worker.llm.engine import EngineDead, LlmEngine, Step
+from inferbus_worker.llm.settings import LlmWorkerSettings
+from inferbus_worker.llm.versionserver import VersionServer
+
+from .test_llm_recovery import _config, wait_until
+
+_names = itertools.count()
+
+
+class LockstepEngine(LlmEngine):
+    """Every stream makes one token per `tick`, all in the same loop turn, as
+    vLLM's output handler wakes all running requests after one engine step."""
+
+    def start(self) -> None:
+        self._llm = self
+        self._tick = asyncio.Event()
+        self.fail_next = False
+        self.waiting = 0
+        """Streams waiting for the next tick."""
+
+    def render(self, request: GenerationRequest) -> list[int]:
+        return [1, 2]
+
+    def tick(self) -> None:
+        """Release one step of every stream."""
+        tick, self._tick = self._tick, asyncio.Event()
+        tick.set()
+
+    async def generate(
+        self, request_id: str, request: GenerationRequest, prompt_ids: list[int]
+    ) -> AsyncIterator[Step]:
+        n = request.max_tokens or 3
+        for i in range(n):
+            self.waiting += 1
+            try:
+                await self._tick.wait()
+            finally:
+                self.waiting -= 1
+            if self.fail_next:
+                raise EngineDead()
+            last = i + 1 == n
+            yield Step(f"{request.prompt}{i} ", 1, "length" if last else None, 2, done=last)
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        self._llm = None
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def _read(stream: ChunkStream, into: list[str]) -> None:
+    async for chunk in stream.chunks(h.deadline_from_timeout(10)):
+        into.append(chunk.text)
+
+
+async def test_the_chunks_of_one_step_travel_in_one_frame_per_gateway(
+    nats_url: str, tmp_path: Path
+) -> None:
+    nc = await nats.connect(nats_url)
+    subjects = Subjects(f"fr{next(_names)}")
+    dv = DeployedVersion(model=f"f{next(_names)}", version="1", config=_config())
+    engine = LockstepEngine(dv.config, tmp_path, "cpu")
+    engine.start()
+    settings = LlmWorkerSettings(nats_url=nats_url, cache_dir=tmp_path, device="cpu")
+    server = VersionServer(nc, subjects, dv, engine, settings)
+    await server.start()
+    framed = GenerationDispatcher(nc, subjects, "gw-a")
+    single = GenerationDispatcher(nc, subjects, "gw-b", chunk_frames=False)
+    labels = {"model": dv.model, "version": "1"}
+    try:
+        for d in (framed, single):
+            await d.start()
+        assert framed.frames_subject.endswith(".gen.frames") and not single.frames_subject
+
+        async def send(d: GenerationDispatcher, rid: str, prompt: str, n: int) -> ChunkStream:
+            reply, stream = d.open()
+            headers = {h.REPLY: reply, h.REQUEST_ID: rid}
+            if d.frames_subject:
+                headers[h.CHUNK_FRAMES] = d.frames_subject
+            body = GenerationRequest(kind="completion", prompt=prompt, max_tokens=n)
+            await d.publish(subjects.gen(dv.model, "1"), body.encode(), headers)
+            return stream
+
+        # Two streams of the framing gateway and one of the other, four steps.
+        texts: dict[str, list[str]] = {"a": [], "b": [], "c": []}
+        streams = {
+            "a": await send(framed, "ra", "a", 4),
+            "b": await send(framed, "rb", "b", 4),
+            "c": await send(single, "rc", "c", 4),
+        }
+        readers = [asyncio.create_task(_read(s, texts[k])) for k, s in streams.items()]
+        await nc.flush()
+        for step in range(4):
+            await wait_until(lambda: engine.waiting == 3, 5)
+            engine.tick()
+            await wait_until(lambda s=step: min(len(t) for t in texts.values()) > s, 5)
+        async with asyncio.timeout(5):
+            await asyncio.gather(*readers)
+
+        for key in texts:
+            assert texts[key] == [f"{key}{i} " for i in range(4)], texts
+        # One frame per step carried both of gw-a's streams; gw-b got one message a chunk.
+        assert _sample("inferbus_llm_chunk_messages_total", **labels, how="frame") == 4
+        assert _sample("inferbus_llm_framed_chunks_total", **labels) == 8
+        assert _sample("inferbus_llm_chunk_messages_total", **labels, how="single") == 4
+        assert streams["a"].version == streams["b"].version == "1"
+
+        # An error after framed chunks comes after them: the stream yields its
+        # chunks, then fails with the worker's error, not a gap.
+        got: list[str] = []
+        failing = await send(framed, "rd", "d", 5)
+        reader = asyncio.create_task(_read(failing, got))
+        await nc.flush()
+        await wait_until(lambda: engine.waiting == 1, 5)
+        engine.tick()
+        await wait_until(lambda: bool(got) and engine.waiting == 1, 5)
+        engine.fail_next = True
+        engine.tick()
+        with pytest.raises(Unavailable, match="engine died"):
+            await reader
+        assert got == ["d0 "]
+    finally:
+        await server.stop(1.0)
+        for d in (framed, single):
+            await d.stop()
+        await nc.close()
+
+
+async def test_a_malformed_frame_is_dropped_and_counted_and_the_gateway_goes_on(
+    nats_url: str,
+) -> None:
+    nc = await nats.connect(nats_url)
+    subjects = Subjects(f"fr{next(_names)}")
+    d = GenerationDispatcher(nc, subjects, "gw-x")
+    await d.start()
+    try:
+        before = _sample("inferbus_gateway_gen_bad_frames_total")
+        reply, stream = d.open()
+        good = pack_chunk(reply, 0, True, b'{"text": "ok", "tokens": 1}')
+        await nc.publish(d.frames_subject, good[:-3], headers={h.VERSION: "1"})
+        await nc.publish(d.frames_subject, good, headers={h.VERSION: "1"})
+        got: list[str] = []
+        async with asyncio.timeout(5):
+            await _read(stream, got)
+        assert got == ["ok"]
+        assert _sample("inferbus_gateway_gen_bad_frames_total") == before + 1
+    finally:
+        await d.stop()
+        await nc.close()
+
+
+def test_frames_round_trip_and_refuse_truncation() -> None:
+    entries = [("ib.reply.g.gen.1", 0, False, b"{}"), ("ib.reply.g.gen.22", 7, True, b"")]
+    frame = b"".join(pack_chunk(*e) for e in entries)
+    assert list(unpack_chunks(frame)) == entries
+    for cut in (1, 5, len(frame) - 1):
+        with pytest.raises(ValueError, match="chunk frame ends"):
+            list(unpack_chunks(frame[:cut]))
