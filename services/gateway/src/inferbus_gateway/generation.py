@@ -390,6 +390,7 @@ class GenerationCall:
         why = "client-gone"
         error: InferbusError | None = None
         first_at = last_at = 0.0
+        inter_token = GEN_INTER_TOKEN.labels(self.model)
         try:
             async for chunk in self._stream.chunks(self._deadline_ns):
                 self.version = self.version or self._stream.version
@@ -399,7 +400,7 @@ class GenerationCall:
                         first_at = now
                         GEN_TTFT.labels(self.model).observe(now - self._t0)
                     elif last_at:
-                        GEN_INTER_TOKEN.labels(self.model).observe((now - last_at) / chunk.tokens)
+                        inter_token.observe((now - last_at) / chunk.tokens)
                     last_at = now
                     self.completion_tokens += chunk.tokens
                 if chunk.finish_reason is not None:

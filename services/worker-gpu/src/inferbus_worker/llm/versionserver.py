@@ -329,6 +329,9 @@ class VersionServer(QueueIntake, EngineSupervision):
                 ids = self.engine.render(request)
                 prompt_tokens = len(ids)
                 steps = contextlib.aclosing(self.engine.generate(engine_id, request, ids))
+                # Per-token series, looked up once (a labels() call costs more than the inc).
+                inter_token = metrics.INTER_TOKEN_SECONDS.labels(*self._labels)
+                generated = metrics.GENERATED_TOKENS.labels(*self._labels)
                 async with steps as generation:
                     async for step in generation:
                         now = time.monotonic()
@@ -337,12 +340,10 @@ class VersionServer(QueueIntake, EngineSupervision):
                                 first_at = now
                                 metrics.TTFT_SECONDS.labels(*self._labels).observe(now - t0)
                             elif last_at:
-                                metrics.INTER_TOKEN_SECONDS.labels(*self._labels).observe(
-                                    (now - last_at) / step.tokens
-                                )
+                                inter_token.observe((now - last_at) / step.tokens)
                             last_at = now
                             completion += step.tokens
-                            metrics.GENERATED_TOKENS.labels(*self._labels).inc(step.tokens)
+                            generated.inc(step.tokens)
                         if step.queue_s is not None:
                             queued_s = step.queue_s
                             metrics.QUEUE_SECONDS.labels(*self._labels).observe(step.queue_s)
