@@ -450,6 +450,12 @@ def main() -> None:
         metavar=("A", "B"),
         help="instead of vLLM: inferbus with its LLM worker's session at autogroup nice A vs B",
     )
+    ap.add_argument(
+        "--ab-frames",
+        action="store_true",
+        help="instead of vLLM: inferbus with chunk frames (its gateway) against one message "
+        "per chunk (a second gateway on the same stack)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--markdown", type=Path, default=None, help="also write the tables here")
     ap.add_argument(
@@ -477,7 +483,7 @@ def main() -> None:
         vlog = base / "vllm-serve.log"
         server = (
             None
-            if args.ab_session_nice
+            if args.ab_session_nice or args.ab_frames
             else start_vllm_server(
                 hf_dir,
                 port,
@@ -515,6 +521,37 @@ def main() -> None:
                     "llm-worker": worker.pid or 0,
                 }
                 pids = {arm: inferbus_pids for arm in urls if arm != "vllm"}
+                if args.ab_frames:
+                    # No vLLM server: a second gateway on the same bus, router and
+                    # worker, asking for one message per chunk; the arms alternate.
+                    single = stack._spawn(
+                        "gateway-single",
+                        "inferbus_gateway",
+                        {
+                            "INFERBUS_GATEWAY_HTTP_PORT": "0",
+                            "INFERBUS_GATEWAY_GRPC_PORT": "0",
+                            "INFERBUS_GATEWAY_GENERATION_CHUNK_FRAMES": "false",
+                        },
+                    )
+                    single.wait_ready()
+                    single_url = f"http://127.0.0.1:{single.ports['http']}"
+                    t0 = time.monotonic()
+                    while httpx.get(f"{single_url}/v2/models/{TINY_LLM}/ready").status_code != 200:
+                        if time.monotonic() - t0 > 60:
+                            raise RuntimeError("the second gateway never saw the model ready")
+                        time.sleep(0.2)
+                    urls = {"single": single_url, "frames": urls["inferbus"]}
+                    metrics = {
+                        "single": [
+                            metrics["inferbus"][0],
+                            f"http://127.0.0.1:{single.ports['metrics']}/metrics",
+                        ],
+                        "frames": metrics["inferbus"],
+                    }
+                    pids = {
+                        "frames": inferbus_pids,
+                        "single": {**inferbus_pids, "gateway": single.pid or 0},
+                    }
                 if server is not None:
                     pids["vllm"] = {"vllm-serve": server.pid}
                 print("servers:", urls, file=sys.stderr)

@@ -91,14 +91,18 @@ def summarize_collapsed(text: str, top: int = 8) -> dict[str, Any]:
     def share(n: int) -> float:
         return round(100.0 * n / total, 1)
 
+    def ranked(counts: Counter[str]) -> list[tuple[str, int]]:
+        # Ties by name: a set's order (hash-seeded) must not reorder the page.
+        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
     inclusive = [
         (f, share(n))
-        for f, n in incl_counts.most_common()
+        for f, n in ranked(incl_counts)
         if share(n) < 90.0 and not _ENTRY_FRAMES.match(f)
     ]
     return {
         "samples": total,
-        "top_self": [[f, share(n)] for f, n in self_counts.most_common(top)],
+        "top_self": [[f, share(n)] for f, n in ranked(self_counts)[:top]],
         "top_inclusive": [[f, s] for f, s in inclusive[:top]],
     }
 

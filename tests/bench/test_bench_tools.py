@@ -421,3 +421,15 @@ def test_rendered_page_opens_with_the_targets_and_the_per_process_cpu(tmp_path: 
     old_page = render.render(old, tmp_path / "old.md")
     assert "## CPU per request at c=64, by process\n\nNot measured in this run." in old_page
     assert "not measured" in old_page
+
+
+def test_chunk_frames_bench_delivers_every_chunk_both_ways(nats_server) -> None:
+    """`bench/chunk_frames.py`: every stream reads all its chunks, in order, whether
+    the publisher sends one message per chunk or one frame per step (the run
+    asserts the counts), and the figure is a CPU time per chunk."""
+    import asyncio
+
+    frames = _bench_module("chunk_frames")
+    for n, arm in enumerate(("single", "frames")):
+        us = asyncio.run(frames.one_run(nats_server.url, arm, 3, 20, 1000 + n))
+        assert 0 < us < 1e5, (arm, us)
