@@ -4,7 +4,8 @@ The worker side is a `VersionServer` over a scripted engine whose streams all
 step together when the test says so (vLLM is not in the workspace
 environment); the gateway side is the gateway's own `GenerationDispatcher` and
 `ChunkStream`. The same path with a real vLLM engine runs in
-tests/e2e/test_e2e_llm.py and in ``bench/llm_vs_vllm.py``.
+tests/e2e/test_e2e_llm.py and in ``bench/llm_vs_vllm.py``. Also here: the
+engine's warm-up generation before a version takes requests.
 """
 
 from __future__ import annotations
@@ -183,3 +184,37 @@ def test_frames_round_trip_and_refuse_truncation() -> None:
     for cut in (1, 5, len(frame) - 1):
         with pytest.raises(ValueError, match="chunk frame ends"):
             list(unpack_chunks(frame[:cut]))
+
+
+class Recording(LlmEngine):
+    """Records what `warm_up` asks of the engine; fails on demand."""
+
+    def start(self) -> None:
+        self._llm = self
+        self.calls: list[tuple[str, int | None, list[int]]] = []
+        self.fail = False
+
+    def render(self, request: GenerationRequest) -> list[int]:
+        return [7, 8]
+
+    async def generate(
+        self, request_id: str, request: GenerationRequest, prompt_ids: list[int]
+    ) -> AsyncIterator[Step]:
+        self.calls.append((request_id, request.max_tokens, prompt_ids))
+        if self.fail:
+            raise RuntimeError("no memory for the warm-up")
+        yield Step("x", 1, "length", 2, done=True)
+
+
+async def test_warm_up_generates_one_token_and_a_failure_is_only_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = Recording(_config(), tmp_path, "cpu")
+    engine.start()
+    await engine.warm_up()
+    assert [(rid.startswith("warm-up-"), n, ids) for rid, n, ids in engine.calls] == [
+        (True, 1, [7, 8])
+    ]
+    engine.fail = True
+    await engine.warm_up()  # does not raise
+    assert "the warm-up generation failed: no memory for the warm-up" in caplog.text

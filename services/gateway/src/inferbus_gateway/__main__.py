@@ -239,6 +239,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                         tls_cert_file=settings.tls_cert_file,
                         tls_key_file=settings.tls_key_file,
                         tls_client_ca_file=settings.tls_client_ca_file,
+                        streams=True,
                     ) as http_server,
                     ops.serve_http(
                         ops.ops_app(service.ready, _group_routes(settings)), metrics_sock

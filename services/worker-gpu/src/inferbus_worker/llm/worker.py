@@ -133,6 +133,7 @@ class LlmWorker(VersionHost[VersionServer]):
         engine = LlmEngine(dv.config, self._model_dir(directory, dv), self.device, on_stats)
         try:
             await asyncio.to_thread(engine.start)
+            await engine.warm_up()
             server = VersionServer(
                 self._nc,
                 self.subjects,
