@@ -20,14 +20,14 @@ import pytest
 from prometheus_client import REGISTRY
 
 from inferbus_common.catalog import DeployedVersion
-from inferbus_common.errors import Unavailable
+from inferbus_common.errors import ResourceExhausted, Unavailable
 from inferbus_common.generation import GenerationRequest, pack_chunk, unpack_chunks
 from inferbus_common.protocol import headers as h
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.generation import ChunkStream, GenerationDispatcher
 from inferbus_worker.llm.engine import EngineDead, LlmEngine, Step
 from inferbus_worker.llm.settings import LlmWorkerSettings
-from inferbus_worker.llm.versionserver import VersionServer
+from inferbus_worker.llm.versionserver import VersionServer, _split_frames
 
 from .test_llm_recovery import _config, wait_until
 
@@ -44,6 +44,8 @@ class LockstepEngine(LlmEngine):
         self.fail_next = False
         self.waiting = 0
         """Streams waiting for the next tick."""
+        self.pad: dict[str, int] = {}
+        """Prompt → bytes added to each of its chunks' text."""
 
     def render(self, request: GenerationRequest) -> list[int]:
         return [1, 2]
@@ -66,7 +68,8 @@ class LockstepEngine(LlmEngine):
             if self.fail_next:
                 raise EngineDead()
             last = i + 1 == n
-            yield Step(f"{request.prompt}{i} ", 1, "length" if last else None, 2, done=last)
+            text = f"{request.prompt}{i} " + "x" * self.pad.get(request.prompt, 0)
+            yield Step(text, 1, "length" if last else None, 2, done=last)
 
     def shutdown(self, timeout_s: float | None = None) -> None:
         self._llm = None
@@ -154,6 +157,110 @@ async def test_the_chunks_of_one_step_travel_in_one_frame_per_gateway(
         await nc.close()
 
 
+async def _framing_pair(
+    nats_url: str, tmp_path: Path
+) -> tuple[nats.NATS, LockstepEngine, VersionServer, GenerationDispatcher, DeployedVersion]:
+    nc = await nats.connect(nats_url)
+    subjects = Subjects(f"fr{next(_names)}")
+    dv = DeployedVersion(model=f"f{next(_names)}", version="1", config=_config())
+    engine = LockstepEngine(dv.config, tmp_path, "cpu")
+    engine.start()
+    settings = LlmWorkerSettings(nats_url=nats_url, cache_dir=tmp_path, device="cpu")
+    server = VersionServer(nc, subjects, dv, engine, settings)
+    await server.start()
+    gateway = GenerationDispatcher(nc, subjects, f"gw-{next(_names)}")
+    await gateway.start()
+    return nc, engine, server, gateway, dv
+
+
+async def _send(
+    gateway: GenerationDispatcher, dv: DeployedVersion, rid: str, prompt: str, n: int
+) -> ChunkStream:
+    reply, stream = gateway.open()
+    headers = {h.REPLY: reply, h.REQUEST_ID: rid, h.CHUNK_FRAMES: gateway.frames_subject}
+    body = GenerationRequest(kind="completion", prompt=prompt, max_tokens=n)
+    await gateway.publish(gateway.subjects.gen(dv.model, "1"), body.encode(), headers)
+    return stream
+
+
+async def test_frames_stay_within_max_payload_and_a_chunk_too_big_for_the_bus_fails_alone(
+    nats_url: str, tmp_path: Path
+) -> None:
+    nc, engine, server, gateway, dv = await _framing_pair(nats_url, tmp_path)
+    labels = {"model": dv.model, "version": "1"}
+    try:
+        # Four streams of ~300 kB chunks: one step's chunks pass nats-server's
+        # 1 MiB max_payload together, so each step goes as two frames.
+        assert nc.max_payload == 1 << 20
+        for k in "abcd":
+            engine.pad[k] = 300_000
+        texts: dict[str, list[str]] = {k: [] for k in "abcd"}
+        streams = {k: await _send(gateway, dv, f"r{k}", k, 2) for k in "abcd"}
+        readers = [asyncio.create_task(_read(s, texts[k])) for k, s in streams.items()]
+        await nc.flush()
+        for step in range(2):
+            await wait_until(lambda: engine.waiting == 4, 5)
+            engine.tick()
+            await wait_until(lambda s=step: min(len(t) for t in texts.values()) > s, 5)
+        async with asyncio.timeout(5):
+            await asyncio.gather(*readers)
+        for k in texts:
+            assert texts[k] == [f"{k}{i} " + "x" * 300_000 for i in range(2)]
+        assert _sample("inferbus_llm_chunk_messages_total", **labels, how="frame") == 4
+        assert _sample("inferbus_llm_framed_chunks_total", **labels) == 8
+
+        # A chunk larger than any bus message ends its own stream with a clear
+        # RESOURCE_EXHAUSTED; the stream beside it is not touched.
+        engine.pad["big"] = (1 << 20) + 10
+        got: dict[str, list[str]] = {"big": [], "ok": []}
+        big = asyncio.create_task(_read(await _send(gateway, dv, "rbig", "big", 2), got["big"]))
+        ok = asyncio.create_task(_read(await _send(gateway, dv, "rok", "ok", 2), got["ok"]))
+        await nc.flush()
+        await wait_until(lambda: engine.waiting == 2, 5)
+        engine.tick()
+        await wait_until(lambda: len(got["ok"]) == 1 and engine.waiting == 1, 5)
+        engine.tick()
+        with pytest.raises(ResourceExhausted, match="max_payload 1048576"):
+            async with asyncio.timeout(5):
+                await big
+        async with asyncio.timeout(5):
+            await ok
+        assert got == {"big": [], "ok": ["ok0 ", "ok1 "]}
+    finally:
+        await server.stop(1.0)
+        await gateway.stop()
+        await nc.close()
+
+
+async def test_streams_of_a_frame_the_bus_refused_are_aborted(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nc, engine, server, gateway, dv = await _framing_pair(nats_url, tmp_path)
+    labels = {"model": dv.model, "version": "1", "why": "publish"}
+    publish = nc.publish
+
+    async def refuse_frames(subject: str, payload: bytes = b"", **kw: object) -> None:
+        if subject == gateway.frames_subject:
+            raise nats.errors.OutboundBufferLimitError
+        await publish(subject, payload, **kw)  # type: ignore[arg-type]
+
+    try:
+        streams = [await _send(gateway, dv, f"p{i}", f"p{i}", 50) for i in range(2)]
+        await nc.flush()
+        await wait_until(lambda: engine.waiting == 2, 5)
+        monkeypatch.setattr(nc, "publish", refuse_frames)
+        engine.tick()
+        # Both streams' tasks end (the engine request is aborted), not 48 more steps.
+        await wait_until(lambda: server.in_flight == 0, 5)
+        assert engine.waiting == 0
+        assert _sample("inferbus_llm_aborted_total", **labels) == 2
+        assert not any(s.received for s in streams)  # the one frame was lost
+    finally:
+        await server.stop(1.0)
+        await gateway.stop()
+        await nc.close()
+
+
 async def test_a_malformed_frame_is_dropped_and_counted_and_the_gateway_goes_on(
     nats_url: str,
 ) -> None:
@@ -181,6 +288,11 @@ def test_frames_round_trip_and_refuse_truncation() -> None:
     entries = [("ib.reply.g.gen.1", 0, False, b"{}"), ("ib.reply.g.gen.22", 7, True, b"")]
     frame = b"".join(pack_chunk(*e) for e in entries)
     assert list(unpack_chunks(frame)) == entries
+    packed = [(f"r{i}", pack_chunk("ib.reply.g.gen.1", i, False, b"x" * 10)) for i in range(5)]
+    size = len(packed[0][1])
+    split = _split_frames(packed, 2 * size)
+    assert [rids for rids, _ in split] == [["r0", "r1"], ["r2", "r3"], ["r4"]]
+    assert b"".join(frame for _, frame in split) == b"".join(e for _, e in packed)
     for cut in (1, 5, len(frame) - 1):
         with pytest.raises(ValueError, match="chunk frame ends"):
             list(unpack_chunks(frame[:cut]))

@@ -29,7 +29,7 @@ HANDED_OFF = Counter(
 )
 ABORTED = Counter(
     "inferbus_llm_aborted",
-    "Requests aborted in the engine, by why (cancelled, deadline, shutdown, engine-dead).",
+    "Requests aborted in the engine, by why (cancelled, deadline, shutdown, engine-dead, publish).",
     [*_LABELS, "why"],
 )
 ENGINE_RESTARTS = Counter(

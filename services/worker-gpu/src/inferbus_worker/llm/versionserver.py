@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 
 NATS_ERRORS = NATS_ERRORS
 
+MESSAGE_HEADROOM = 4096
+"""Bytes of a bus message kept for its headers: a chunk message or frame carries at
+most the server's ``max_payload`` less this."""
+
 
 class VersionServer(QueueIntake, EngineSupervision):
     """Serves one loaded version: admission, streaming, cancellation, engine recovery.
@@ -119,8 +123,9 @@ class VersionServer(QueueIntake, EngineSupervision):
         """Where "no responders" for requests we handed off comes back."""
         self._handoff_sub: Subscription | None = None
         self._stopping = False
-        self._frames: dict[str, list[bytes]] = {}
-        """Chunk frames being filled: frames subject → packed chunks (`_publish`)."""
+        self._frames: dict[str, list[tuple[str, bytes]]] = {}
+        """Chunk frames being filled: frames subject → (request id, packed chunk)
+        (`_publish`)."""
         self._frame_flush: asyncio.Task[None] | None = None
 
     @property
@@ -190,15 +195,26 @@ class VersionServer(QueueIntake, EngineSupervision):
     ) -> None:
         """Send one chunk: into the pending frame for `frames` (a plain chunk of a
         gateway that takes frames), else as a message of its own after the frames."""
+        limit = self._nc.max_payload - MESSAGE_HEADROOM
         if frames and not extra:
-            pending = self._frames.get(frames)
-            if pending is None:
-                pending = self._frames[frames] = []
-            pending.append(pack_chunk(reply, seq, final, body))
-            if self._frame_flush is None:
-                # Runs after the other streams this engine step woke have added theirs.
-                self._frame_flush = asyncio.create_task(self._flush_frames())
-            return
+            entry = pack_chunk(reply, seq, final, body)
+            if len(entry) <= limit:
+                pending = self._frames.get(frames)
+                if pending is None:
+                    pending = self._frames[frames] = []
+                pending.append((rid, entry))
+                if self._frame_flush is None:
+                    # Runs after the other streams this engine step woke have added theirs.
+                    self._frame_flush = asyncio.create_task(self._flush_frames())
+                return
+        if len(body) > limit:
+            # The stream's task answers this error in a message that fits.
+            raise ResourceExhausted(
+                f"a generated chunk of {len(body)} bytes is larger than a message on the "
+                f"platform's bus may be (nats-server max_payload {self._nc.max_payload} "
+                f"bytes, less {MESSAGE_HEADROOM} for headers); ask for fewer logprobs or "
+                "raise max_payload"
+            )
         await self._flush_frames()  # what a stream sent before goes first
         headers = {h.SEQ: str(seq), h.REQUEST_ID: rid, h.VERSION: self.dv.version, **extra}
         if final:
@@ -207,17 +223,34 @@ class VersionServer(QueueIntake, EngineSupervision):
         await self._nc.publish(reply, body, headers=headers)
 
     async def _flush_frames(self) -> None:
-        """Publish every pending chunk frame (one message per gateway)."""
+        """Publish every pending chunk frame: one message per gateway, more where one
+        would pass the bus's ``max_payload``.
+
+        A frame the bus refuses (connection closed, reconnect buffer full) loses a
+        chunk of each of its streams: they are aborted (``why="publish"``) instead
+        of generating on for a gateway that can only fail them on the gap.
+        """
         self._frame_flush = None
         if not self._frames:
             return
         frames, self._frames = self._frames, {}
         headers = {h.VERSION: self.dv.version}
+        limit = self._nc.max_payload - MESSAGE_HEADROOM
         for subject, entries in frames.items():
-            metrics.CHUNK_MESSAGES.labels(*self._labels, "frame").inc()
-            metrics.FRAMED_CHUNKS.labels(*self._labels).inc(len(entries))
-            with contextlib.suppress(*NATS_ERRORS):
-                await self._nc.publish(subject, b"".join(entries), headers=headers)
+            for rids, frame in _split_frames(entries, limit):
+                metrics.CHUNK_MESSAGES.labels(*self._labels, "frame").inc()
+                metrics.FRAMED_CHUNKS.labels(*self._labels).inc(len(rids))
+                try:
+                    await self._nc.publish(subject, frame, headers=headers)
+                except NATS_ERRORS as exc:
+                    log.warning(
+                        "a chunk frame of %d streams to %s could not be sent (%s); aborting them",
+                        len(rids),
+                        subject,
+                        exc or type(exc).__name__,
+                    )
+                    for rid in rids:
+                        self.cancel(rid, "publish")
 
     async def _on_request(self, msg: Msg) -> None:
         headers = msg.headers or {}
@@ -413,3 +446,22 @@ class VersionServer(QueueIntake, EngineSupervision):
                 await self._publish(reply, seq, b"", error_headers(exc, rid), True, rid)
         finally:
             metrics.REQUESTS.labels(*self._labels, status).inc()
+
+
+def _split_frames(entries: list[tuple[str, bytes]], limit: int) -> list[tuple[list[str], bytes]]:
+    """Pack (request id, packed chunk) entries, in order, into frames of at most
+    `limit` bytes each (every entry alone fits: `_publish` sends larger ones single)."""
+    out: list[tuple[list[str], bytes]] = []
+    rids: list[str] = []
+    parts: list[bytes] = []
+    size = 0
+    for rid, entry in entries:
+        if parts and size + len(entry) > limit:
+            out.append((rids, b"".join(parts)))
+            rids, parts, size = [], [], 0
+        rids.append(rid)
+        parts.append(entry)
+        size += len(entry)
+    if parts:
+        out.append((rids, b"".join(parts)))
+    return out
