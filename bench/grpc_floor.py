@@ -11,15 +11,27 @@ server's CPU per answered request read from ``/proc/<pid>/stat``::
 ``cN`` is a closed loop of N callers, ``rN`` an open loop at N req/s. What the
 gateway spends above this floor is inferbus' own (round 7 in
 ``bench/findings.md``).
+
+How grpc.aio behaves when its event loop has other work (round 14): the
+handler can wait like the gateway waits for its worker (``--delay-ms``), a task
+can keep the loop busy in slices (``--busy-us``: runs that long, yields once,
+again), and Triton's perf_analyzer can be the client (``--client
+perf_analyzer``, from `scripts/install-perf-analyzer.sh`; ``cN`` loads only)::
+
+    uv run python bench/grpc_floor.py --client perf_analyzer --load c16 \
+        --delay-ms 0 5 --busy-us 0 300
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import csv
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,9 +60,33 @@ def serve() -> None:
     metadata.inputs.add(name="input", datatype="FP32", shape=[-1, 64])
     metadata.outputs.add(name="probabilities", datatype="FP32", shape=[-1, 2])
 
+    from inferbus_proto.v2 import model_config_pb2 as mc
+
+    delay_s = float(os.environ.get("GRPC_FLOOR_DELAY_S", "0"))
+    busy_s = float(os.environ.get("GRPC_FLOOR_BUSY_S", "0"))
+    config = mc.ModelConfig(name="fraud", platform="onnxruntime_onnx", max_batch_size=32)
+    config.input.add(name="input", data_type=mc.TYPE_FP32, dims=[64])
+    config.output.add(name="probabilities", data_type=mc.TYPE_FP32, dims=[2])
+
     class Bare(pbg.GRPCInferenceServiceServicer):
         async def ModelInfer(self, request, context):
+            if delay_s:
+                await asyncio.sleep(delay_s)
             return answer
+
+        async def ModelConfig(self, request, context):
+            return pb.ModelConfigResponse(config=config)
+
+        async def ModelStatistics(self, request, context):
+            stats = pb.ModelStatisticsResponse()
+            stats.model_stats.add(name="fraud", version=request.version or "1")
+            return stats
+
+        async def ServerLive(self, request, context):
+            return pb.ServerLiveResponse(live=True)
+
+        async def ServerMetadata(self, request, context):
+            return pb.ServerMetadataResponse(name="bare", version="0")
 
         async def ModelMetadata(self, request, context):
             return metadata
@@ -61,25 +97,61 @@ def serve() -> None:
         async def ModelReady(self, request, context):
             return pb.ModelReadyResponse(ready=True)
 
+    async def busy() -> None:
+        # Other work on the loop: `busy_s` of CPU, then one yield, and again.
+        while True:
+            until = time.perf_counter() + busy_s
+            while time.perf_counter() < until:
+                pass
+            await asyncio.sleep(0)
+
     async def main() -> None:
         server = grpc.aio.server(options=json.loads(os.environ.get("GRPC_FLOOR_OPTIONS", "[]")))
         pbg.add_GRPCInferenceServiceServicer_to_server(Bare(), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
+        if busy_s:
+            asyncio.get_running_loop().create_task(busy())
         print(port, flush=True)
         await server.wait_for_termination()
 
     uvloop.run(main())
 
 
-def measure(
-    load: str, duration: float, warmup: float, options: Sequence[tuple[str, int | str]] = ()
-) -> dict:
-    """One loadgen run against a fresh bare server; req/s, busy cores, CPU µs/req.
+def perf_analyzer_argv(url: str, load: str, duration: float, out: Path) -> list[str]:
+    """perf_analyzer at `load` (``cN``), windows of `duration`, CSV to `out`."""
+    if not load.startswith("c"):
+        raise SystemExit(f"perf_analyzer runs closed loops only (cN), not {load!r}")
+    binary = os.environ.get("INFERBUS_PERF_ANALYZER_DIR") or str(REPO / ".venvs/perf_analyzer")
+    return [
+        f"{binary}/perf_analyzer",
+        *("-m", "fraud", "-x", "1", "-i", "grpc", "-u", url),
+        *("--concurrency-range", load[1:], "-p", str(int(duration * 1000)), "-s", "20"),
+        *("--max-trials", "6", "-f", str(out)),
+    ]
 
-    `options` are grpc.aio server options (``grpc.http2.bdp_probe`` and the like).
+
+def measure(
+    load: str,
+    duration: float,
+    warmup: float,
+    options: Sequence[tuple[str, int | str]] = (),
+    *,
+    client: str = "loadgen",
+    delay_s: float = 0.0,
+    busy_s: float = 0.0,
+) -> dict:
+    """One client run against a fresh bare server; req/s, busy cores, CPU µs/req.
+
+    `options` are grpc.aio server options (``grpc.http2.bdp_probe`` and the like);
+    `delay_s` the handler's wait, `busy_s` the busy task's slice (0: none).
     """
-    env = {**os.environ, "GRPC_FLOOR_OPTIONS": json.dumps(list(options))}
+    env = {
+        **os.environ,
+        "GRPC_FLOOR_OPTIONS": json.dumps(list(options)),
+        "GRPC_FLOOR_DELAY_S": str(delay_s),
+        "GRPC_FLOOR_BUSY_S": str(busy_s),
+    }
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True, cwd=REPO, env=env
     )
@@ -87,7 +159,9 @@ def measure(
         port = server.stdout.readline().strip() if server.stdout else ""
         if not port:
             raise RuntimeError("the bare server did not start")
-        client = subprocess.Popen(
+        if client == "perf_analyzer":
+            return _measure_perf_analyzer(server.pid, f"127.0.0.1:{port}", load, duration)
+        loader = subprocess.Popen(
             loadgen_argv(f"127.0.0.1:{port}", "fraud", load, duration, warmup),
             stdout=subprocess.PIPE,
             text=True,
@@ -98,7 +172,7 @@ def measure(
         c0, t0 = proc_cpu_s(server.pid), time.monotonic()
         time.sleep(max(0.5, duration - 1.0))
         c1, t1 = proc_cpu_s(server.pid), time.monotonic()
-        out, _ = client.communicate()
+        out, _ = loader.communicate()
         lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
         if not lines:
             raise RuntimeError(f"loadgen gave no result for {load}")
@@ -116,6 +190,29 @@ def measure(
         server.wait()
 
 
+def _measure_perf_analyzer(pid: int, url: str, load: str, duration: float) -> dict:
+    """perf_analyzer's stable window against the bare server at `pid`; CPU over its run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "pa.csv"
+        c0, t0 = proc_cpu_s(pid), time.monotonic()
+        done = subprocess.run(
+            perf_analyzer_argv(url, load, duration, out), capture_output=True, text=True
+        )
+        c1, t1 = proc_cpu_s(pid), time.monotonic()
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(f"perf_analyzer failed:\n{done.stdout[-1500:]}{done.stderr[-1500:]}")
+        row = next(csv.DictReader(out.open()))
+    rps = float(row["Inferences/Second"])
+    busy = (c1 - c0) / (t1 - t0)  # over the whole run (warm-up windows included)
+    return {
+        "load": load,
+        "rps": round(rps, 1),
+        "busy_core": round(busy, 3),
+        "p50_ms": round(float(row["p50 latency"]) / 1000.0, 3),
+        "p99_ms": round(float(row["p99 latency"]) / 1000.0, 3),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -128,6 +225,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="a grpc.aio server option NAME=VALUE (integer values as integers); repeatable",
     )
+    parser.add_argument("--client", choices=["loadgen", "perf_analyzer"], default="loadgen")
+    parser.add_argument(
+        "--delay-ms", type=float, nargs="+", default=[0.0], help="the handler's wait(s)"
+    )
+    parser.add_argument(
+        "--busy-us",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        help="slice(s) of a task that keeps the loop busy (0: none)",
+    )
     args = parser.parse_args(argv)
     options = []
     for item in args.option:
@@ -137,8 +245,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve()
         return 0
     for load in args.load:
-        row = measure(load, args.duration, args.warmup, options)
-        print(json.dumps({**row, "options": dict(options)}), flush=True)
+        for delay_ms in args.delay_ms:
+            for busy_us in args.busy_us:
+                row = measure(
+                    load,
+                    args.duration,
+                    args.warmup,
+                    options,
+                    client=args.client,
+                    delay_s=delay_ms / 1000.0,
+                    busy_s=busy_us / 1e6,
+                )
+                extra = {"client": args.client, "delay_ms": delay_ms, "busy_us": busy_us}
+                print(json.dumps({**row, **extra, "options": dict(options)}), flush=True)
     return 0
 
 
