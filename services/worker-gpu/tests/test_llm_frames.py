@@ -84,79 +84,6 @@ async def _read(stream: ChunkStream, into: list[str]) -> None:
         into.append(chunk.text)
 
 
-async def test_the_chunks_of_one_step_travel_in_one_frame_per_gateway(
-    nats_url: str, tmp_path: Path
-) -> None:
-    nc = await nats.connect(nats_url)
-    subjects = Subjects(f"fr{next(_names)}")
-    dv = DeployedVersion(model=f"f{next(_names)}", version="1", config=_config())
-    engine = LockstepEngine(dv.config, tmp_path, "cpu")
-    engine.start()
-    settings = LlmWorkerSettings(nats_url=nats_url, cache_dir=tmp_path, device="cpu")
-    server = VersionServer(nc, subjects, dv, engine, settings)
-    await server.start()
-    framed = GenerationDispatcher(nc, subjects, "gw-a")
-    single = GenerationDispatcher(nc, subjects, "gw-b", chunk_frames=False)
-    labels = {"model": dv.model, "version": "1"}
-    try:
-        for d in (framed, single):
-            await d.start()
-        assert framed.frames_subject.endswith(".gen.frames") and not single.frames_subject
-
-        async def send(d: GenerationDispatcher, rid: str, prompt: str, n: int) -> ChunkStream:
-            reply, stream = d.open()
-            headers = {h.REPLY: reply, h.REQUEST_ID: rid}
-            if d.frames_subject:
-                headers[h.CHUNK_FRAMES] = d.frames_subject
-            body = GenerationRequest(kind="completion", prompt=prompt, max_tokens=n)
-            await d.publish(subjects.gen(dv.model, "1"), body.encode(), headers)
-            return stream
-
-        # Two streams of the framing gateway and one of the other, four steps.
-        texts: dict[str, list[str]] = {"a": [], "b": [], "c": []}
-        streams = {
-            "a": await send(framed, "ra", "a", 4),
-            "b": await send(framed, "rb", "b", 4),
-            "c": await send(single, "rc", "c", 4),
-        }
-        readers = [asyncio.create_task(_read(s, texts[k])) for k, s in streams.items()]
-        await nc.flush()
-        for step in range(4):
-            await wait_until(lambda: engine.waiting == 3, 5)
-            engine.tick()
-            await wait_until(lambda s=step: min(len(t) for t in texts.values()) > s, 5)
-        async with asyncio.timeout(5):
-            await asyncio.gather(*readers)
-
-        for key in texts:
-            assert texts[key] == [f"{key}{i} " for i in range(4)], texts
-        # One frame per step carried both of gw-a's streams; gw-b got one message a chunk.
-        assert _sample("inferbus_llm_chunk_messages_total", **labels, how="frame") == 4
-        assert _sample("inferbus_llm_framed_chunks_total", **labels) == 8
-        assert _sample("inferbus_llm_chunk_messages_total", **labels, how="single") == 4
-        assert streams["a"].version == streams["b"].version == "1"
-
-        # An error after framed chunks comes after them: the stream yields its
-        # chunks, then fails with the worker's error, not a gap.
-        got: list[str] = []
-        failing = await send(framed, "rd", "d", 5)
-        reader = asyncio.create_task(_read(failing, got))
-        await nc.flush()
-        await wait_until(lambda: engine.waiting == 1, 5)
-        engine.tick()
-        await wait_until(lambda: bool(got) and engine.waiting == 1, 5)
-        engine.fail_next = True
-        engine.tick()
-        with pytest.raises(Unavailable, match="engine died"):
-            await reader
-        assert got == ["d0 "]
-    finally:
-        await server.stop(1.0)
-        for d in (framed, single):
-            await d.stop()
-        await nc.close()
-
-
 async def _framing_pair(
     nats_url: str, tmp_path: Path
 ) -> tuple[nats.NATS, LockstepEngine, VersionServer, GenerationDispatcher, DeployedVersion]:
@@ -177,10 +104,73 @@ async def _send(
     gateway: GenerationDispatcher, dv: DeployedVersion, rid: str, prompt: str, n: int
 ) -> ChunkStream:
     reply, stream = gateway.open()
-    headers = {h.REPLY: reply, h.REQUEST_ID: rid, h.CHUNK_FRAMES: gateway.frames_subject}
+    headers = {h.REPLY: reply, h.REQUEST_ID: rid}
+    if gateway.frames_subject:
+        headers[h.CHUNK_FRAMES] = gateway.frames_subject
     body = GenerationRequest(kind="completion", prompt=prompt, max_tokens=n)
     await gateway.publish(gateway.subjects.gen(dv.model, "1"), body.encode(), headers)
     return stream
+
+
+async def _step_all(engine: LockstepEngine, texts: dict[str, list[str]], steps: int) -> None:
+    """Tick `steps` engine steps for the streams read into `texts`, each once all of
+    them wait and the last step's chunks are in."""
+    for step in range(steps):
+        await wait_until(lambda: engine.waiting == len(texts), 5)
+        engine.tick()
+        await wait_until(lambda s=step: min(len(t) for t in texts.values()) > s, 5)
+
+
+async def test_the_chunks_of_one_step_travel_in_one_frame_per_gateway(
+    nats_url: str, tmp_path: Path
+) -> None:
+    nc, engine, server, framed, dv = await _framing_pair(nats_url, tmp_path)
+    single = GenerationDispatcher(nc, framed.subjects, "gw-b", chunk_frames=False)
+    labels = {"model": dv.model, "version": "1"}
+    try:
+        await single.start()
+        assert framed.frames_subject.endswith(".gen.frames") and not single.frames_subject
+
+        # Two streams of the framing gateway and one of the other, four steps.
+        texts: dict[str, list[str]] = {"a": [], "b": [], "c": []}
+        streams = {
+            "a": await _send(framed, dv, "ra", "a", 4),
+            "b": await _send(framed, dv, "rb", "b", 4),
+            "c": await _send(single, dv, "rc", "c", 4),
+        }
+        readers = [asyncio.create_task(_read(s, texts[k])) for k, s in streams.items()]
+        await nc.flush()
+        await _step_all(engine, texts, 4)
+        async with asyncio.timeout(5):
+            await asyncio.gather(*readers)
+
+        for key in texts:
+            assert texts[key] == [f"{key}{i} " for i in range(4)], texts
+        # One frame per step carried both of gw-a's streams; gw-b got one message a chunk.
+        assert _sample("inferbus_llm_chunk_messages_total", **labels, how="frame") == 4
+        assert _sample("inferbus_llm_framed_chunks_total", **labels) == 8
+        assert _sample("inferbus_llm_chunk_messages_total", **labels, how="single") == 4
+        assert streams["a"].version == streams["b"].version == "1"
+
+        # An error after framed chunks comes after them: the stream yields its
+        # chunks, then fails with the worker's error, not a gap.
+        got: list[str] = []
+        failing = await _send(framed, dv, "rd", "d", 5)
+        reader = asyncio.create_task(_read(failing, got))
+        await nc.flush()
+        await wait_until(lambda: engine.waiting == 1, 5)
+        engine.tick()
+        await wait_until(lambda: bool(got) and engine.waiting == 1, 5)
+        engine.fail_next = True
+        engine.tick()
+        with pytest.raises(Unavailable, match="engine died"):
+            await reader
+        assert got == ["d0 "]
+    finally:
+        await server.stop(1.0)
+        for d in (framed, single):
+            await d.stop()
+        await nc.close()
 
 
 async def test_frames_stay_within_max_payload_and_a_chunk_too_big_for_the_bus_fails_alone(
@@ -198,10 +188,7 @@ async def test_frames_stay_within_max_payload_and_a_chunk_too_big_for_the_bus_fa
         streams = {k: await _send(gateway, dv, f"r{k}", k, 2) for k in "abcd"}
         readers = [asyncio.create_task(_read(s, texts[k])) for k, s in streams.items()]
         await nc.flush()
-        for step in range(2):
-            await wait_until(lambda: engine.waiting == 4, 5)
-            engine.tick()
-            await wait_until(lambda s=step: min(len(t) for t in texts.values()) > s, 5)
+        await _step_all(engine, texts, 2)
         async with asyncio.timeout(5):
             await asyncio.gather(*readers)
         for k in texts:
