@@ -112,13 +112,21 @@ async def _send(
     return stream
 
 
-async def _step_all(engine: LockstepEngine, texts: dict[str, list[str]], steps: int) -> None:
-    """Tick `steps` engine steps for the streams read into `texts`, each once all of
-    them wait and the last step's chunks are in."""
+async def _read_all(
+    nc: nats.NATS, engine: LockstepEngine, streams: dict[str, ChunkStream], steps: int
+) -> dict[str, list[str]]:
+    """Read every stream to its end while ticking `steps` engine steps, each once all
+    of them wait and the last step's chunks are in; the texts, by stream."""
+    texts: dict[str, list[str]] = {k: [] for k in streams}
+    readers = [asyncio.create_task(_read(s, texts[k])) for k, s in streams.items()]
+    await nc.flush()
     for step in range(steps):
         await wait_until(lambda: engine.waiting == len(texts), 5)
         engine.tick()
         await wait_until(lambda s=step: min(len(t) for t in texts.values()) > s, 5)
+    async with asyncio.timeout(5):
+        await asyncio.gather(*readers)
+    return texts
 
 
 async def test_the_chunks_of_one_step_travel_in_one_frame_per_gateway(
@@ -132,18 +140,12 @@ async def test_the_chunks_of_one_step_travel_in_one_frame_per_gateway(
         assert framed.frames_subject.endswith(".gen.frames") and not single.frames_subject
 
         # Two streams of the framing gateway and one of the other, four steps.
-        texts: dict[str, list[str]] = {"a": [], "b": [], "c": []}
         streams = {
             "a": await _send(framed, dv, "ra", "a", 4),
             "b": await _send(framed, dv, "rb", "b", 4),
             "c": await _send(single, dv, "rc", "c", 4),
         }
-        readers = [asyncio.create_task(_read(s, texts[k])) for k, s in streams.items()]
-        await nc.flush()
-        await _step_all(engine, texts, 4)
-        async with asyncio.timeout(5):
-            await asyncio.gather(*readers)
-
+        texts = await _read_all(nc, engine, streams, 4)
         for key in texts:
             assert texts[key] == [f"{key}{i} " for i in range(4)], texts
         # One frame per step carried both of gw-a's streams; gw-b got one message a chunk.
@@ -184,13 +186,8 @@ async def test_frames_stay_within_max_payload_and_a_chunk_too_big_for_the_bus_fa
         assert nc.max_payload == 1 << 20
         for k in "abcd":
             engine.pad[k] = 300_000
-        texts: dict[str, list[str]] = {k: [] for k in "abcd"}
         streams = {k: await _send(gateway, dv, f"r{k}", k, 2) for k in "abcd"}
-        readers = [asyncio.create_task(_read(s, texts[k])) for k, s in streams.items()]
-        await nc.flush()
-        await _step_all(engine, texts, 2)
-        async with asyncio.timeout(5):
-            await asyncio.gather(*readers)
+        texts = await _read_all(nc, engine, streams, 2)
         for k in texts:
             assert texts[k] == [f"{k}{i} " + "x" * 300_000 for i in range(2)]
         assert _sample("inferbus_llm_chunk_messages_total", **labels, how="frame") == 4
