@@ -8,6 +8,7 @@ import time
 
 import pytest
 from nats.aio.client import Client
+from nats.aio.subscription import Subscription
 
 from inferbus_common.catalog import (
     Catalog,
@@ -251,6 +252,40 @@ async def test_the_probe_finds_a_dead_worker_and_the_sweep_answers_its_requests(
             await nats_client.flush()
             await kv.put("w-1", _worker("w-1", "ready", alive=alive).model_dump_json().encode())  # type: ignore[attr-defined]
             assert await catalog.wait_for(lambda: catalog.is_ready("fraud", "1.0.0"), WAIT)
+    finally:
+        await catalog.__aexit__(None, None, None)
+
+
+async def test_a_probe_the_dying_worker_swallowed_does_not_hold_back_the_verdict(
+    nats_client: Client,
+) -> None:
+    # The worker takes a probe and dies before answering it (kill -9 between the
+    # two): that probe waits out its 1 s timeout. The verdict must come from the
+    # next probes, which nats-server answers "no responders" at once.
+    alive = S.alive("w-1")
+    swallowed = asyncio.Event()
+    sub: Subscription | None = None
+
+    async def die_on_probe(msg) -> None:  # type: ignore[no-untyped-def]
+        swallowed.set()
+        assert sub is not None
+        await sub.unsubscribe()
+
+    sub = await nats_client.subscribe(alive, cb=die_on_probe)
+    catalog, _ = await _catalog_with(nats_client, _worker("w-1", "ready", alive=alive))
+    try:
+        async with WorkerWatch(nats_client, catalog, None, interval_s=0.05) as watch:
+            async with asyncio.timeout(WAIT):
+                await swallowed.wait()
+            t0 = time.monotonic()
+            for _ in range(int(WAIT / 0.01)):
+                if watch.found_gone:
+                    break
+                await asyncio.sleep(0.01)
+            assert watch.found_gone == 1
+            # A few probe periods, not the swallowed probe's 1 s timeout.
+            assert time.monotonic() - t0 < 0.6
+            assert not catalog.is_ready("fraud", "1.0.0")
     finally:
         await catalog.__aexit__(None, None, None)
 

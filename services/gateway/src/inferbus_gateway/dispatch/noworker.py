@@ -14,8 +14,12 @@ naming the model, the version, the last worker that served it and how it went:
   its TCP connection close, answers "no responders" at once. Only that answer
   marks a worker gone (`Catalog.mark_gone`); a slow or missing answer (a busy
   worker, a reconnect) changes nothing, so a loaded machine makes no false
-  verdicts. A worker without the subject (older release) is judged by its
-  heartbeat alone (15 s). A gone worker counts again with a newer heartbeat or
+  verdicts. A probe still waiting does not hold back the next one: a probe the
+  worker took just before it died is never answered, and waiting out its
+  timeout (1 s) put the verdict past 1 s after a `kill -9` on a loaded machine;
+  at most `MAX_PROBES_PER_WORKER` are in flight per worker (a hung one). A
+  worker without the subject (older release) is judged by its heartbeat alone
+  (15 s). A gone worker counts again with a newer heartbeat or
   an answered probe.
 * **The rule** (`wait_for_worker_s`): a request for a version no live worker
   serves waits only while a worker may come back within its deadline: when the
@@ -54,6 +58,9 @@ WORKERS_GONE = Counter(
     "Workers this gateway found gone (a liveness probe got no responders: the "
     "worker's NATS connection closed).",
 )
+MAX_PROBES_PER_WORKER = 4
+"""Probes in flight per worker at most: one per period over the probe timeout."""
+
 SWEPT = Counter(
     "inferbus_gateway_no_worker_swept_total",
     "Requests already sent to a version that lost its last worker, answered "
@@ -168,7 +175,9 @@ class WorkerWatch:
         self._fail_pending = fail_pending
         self._interval_s = interval_s
         self._grace_s = grace_s
-        self._probes: dict[str, asyncio.Task[None]] = {}
+        self._probes: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[str, int] = {}
+        """Probes awaiting an answer, by worker."""
         self._task: asyncio.Task[None] | None = None
         self.found_gone = 0
         """Workers found gone so far (tests, logs)."""
@@ -179,12 +188,13 @@ class WorkerWatch:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        tasks = [t for t in (self._task, *self._probes.values()) if t is not None]
+        tasks = [t for t in (self._task, *self._probes) if t is not None]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=2.0)
         self._probes.clear()
+        self._in_flight.clear()
 
     async def _run(self) -> None:
         while True:
@@ -196,20 +206,30 @@ class WorkerWatch:
                 log.exception("worker watch failed; going on")
 
     def probe(self) -> None:
-        """Send one probe to each worker that takes them (one in flight per worker)."""
+        """Send one probe to each worker that takes them, whether or not an earlier
+        one is still unanswered (at most `MAX_PROBES_PER_WORKER` in flight)."""
         if not self._nc.is_connected:
             return
         max_age_ms = self._catalog.heartbeat_max_age_s * 1000
         now_ms = time.time() * 1000
         for key, ws in list(self._catalog.workers.items()):
-            if not ws.alive_subject or now_ms - ws.ts_ms > max_age_ms or key in self._probes:
+            if not ws.alive_subject or now_ms - ws.ts_ms > max_age_ms:
                 continue
+            in_flight = self._in_flight.get(key, 0)
+            if in_flight >= MAX_PROBES_PER_WORKER:
+                continue
+            self._in_flight[key] = in_flight + 1
             task = asyncio.create_task(self._probe_one(key, ws.alive_subject))
-            self._probes[key] = task
+            self._probes.add(task)
             task.add_done_callback(functools.partial(self._probe_done, key))
 
-    def _probe_done(self, key: str, _task: asyncio.Task[None]) -> None:
-        self._probes.pop(key, None)
+    def _probe_done(self, key: str, task: asyncio.Task[None]) -> None:
+        self._probes.discard(task)
+        left = self._in_flight.get(key, 0) - 1
+        if left > 0:
+            self._in_flight[key] = left
+        else:
+            self._in_flight.pop(key, None)
 
     async def _probe_one(self, key: str, subject: str) -> None:
         try:
