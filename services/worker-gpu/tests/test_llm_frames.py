@@ -239,6 +239,17 @@ async def test_streams_of_a_frame_the_bus_refused_are_aborted(
         assert engine.waiting == 0
         assert _sample("inferbus_llm_aborted_total", **labels) == 2
         assert not any(s.received for s in streams)  # the one frame was lost
+
+        # A request is aborted once, however many of its chunks were lost: a
+        # second abort while its task winds down is refused and not counted.
+        monkeypatch.setattr(nc, "publish", publish)
+        await _send(gateway, dv, "p2", "p2", 50)
+        await nc.flush()
+        await wait_until(lambda: server.in_flight == 1, 5)
+        assert server.cancel("p2", "publish") is True
+        assert server.cancel("p2", "publish") is False
+        await wait_until(lambda: server.in_flight == 0, 5)
+        assert _sample("inferbus_llm_aborted_total", **labels) == 3
     finally:
         await server.stop(1.0)
         await gateway.stop()

@@ -110,6 +110,8 @@ class VersionServer(QueueIntake, EngineSupervision):
         self._timeout_s = gen.default_timeout_ms / 1000.0
         self._labels = (dv.model, dv.version)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._aborted: set[str] = set()
+        """Requests `cancel` aborted whose tasks have not ended yet."""
         self._ids = itertools.count(1)
         self._sub: Subscription | None = None
         """The intake subscription while the server has room (None while full)."""
@@ -175,10 +177,14 @@ class VersionServer(QueueIntake, EngineSupervision):
         self._zero_gauges()
 
     def cancel(self, request_id: str, why: str) -> bool:
-        """Abort a request this server holds (its task's cancellation aborts the engine)."""
+        """Abort a request this server holds (its task's cancellation aborts the engine).
+
+        Once per request: False for one already aborted (its task still winding down).
+        """
         task = self._tasks.get(request_id)
-        if task is None or task.done():
+        if task is None or task.done() or request_id in self._aborted:
             return False
+        self._aborted.add(request_id)
         metrics.ABORTED.labels(*self._labels, why).inc()
         task.cancel()
         return True
@@ -331,6 +337,7 @@ class VersionServer(QueueIntake, EngineSupervision):
     def _forget(self, rid: str, task: asyncio.Task[None]) -> None:
         if self._tasks.get(rid) is task:
             del self._tasks[rid]
+            self._aborted.discard(rid)
         metrics.IN_FLIGHT.labels(*self._labels).set(len(self._tasks))
         self._intake_changed()
 
