@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cpu_window import proc_cpu_s
+from perf_analyzer import default_binary, run_one
 from profile_stack import loadgen_argv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,19 +117,6 @@ def serve() -> None:
     uvloop.run(main())
 
 
-def perf_analyzer_argv(url: str, load: str, duration: float, out: Path) -> list[str]:
-    """perf_analyzer at `load` (``cN``), windows of `duration`, CSV to `out`."""
-    if not load.startswith("c"):
-        raise SystemExit(f"perf_analyzer runs closed loops only (cN), not {load!r}")
-    binary = os.environ.get("INFERBUS_PERF_ANALYZER_DIR") or str(REPO / ".venvs/perf_analyzer")
-    return [
-        f"{binary}/perf_analyzer",
-        *("-m", "fraud", "-x", "1", "-i", "grpc", "-u", url),
-        *("--concurrency-range", load[1:], "-p", str(int(duration * 1000)), "-s", "20"),
-        *("--max-trials", "6", "-f", str(out)),
-    ]
-
-
 def measure(
     load: str,
     duration: float,
@@ -191,25 +177,21 @@ def measure(
 
 
 def _measure_perf_analyzer(pid: int, url: str, load: str, duration: float) -> dict:
-    """perf_analyzer's stable window against the bare server at `pid`; CPU over its run."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "pa.csv"
-        c0, t0 = proc_cpu_s(pid), time.monotonic()
-        done = subprocess.run(
-            perf_analyzer_argv(url, load, duration, out), capture_output=True, text=True
-        )
-        c1, t1 = proc_cpu_s(pid), time.monotonic()
-        if done.returncode != 0 or not out.exists():
-            raise RuntimeError(f"perf_analyzer failed:\n{done.stdout[-1500:]}{done.stderr[-1500:]}")
-        row = next(csv.DictReader(out.open()))
-    rps = float(row["Inferences/Second"])
+    """perf_analyzer's stable window against the bare server at `pid` (``cN`` loads
+    only, run by `bench/perf_analyzer.py`); CPU over its whole run."""
+    if not load.startswith("c"):
+        raise SystemExit(f"perf_analyzer runs closed loops only (cN), not {load!r}")
+    windows = ("-x", "1", "-p", str(int(duration * 1000)), "-s", "20", "--max-trials", "6")
+    c0, t0 = proc_cpu_s(pid), time.monotonic()
+    row, _, _ = run_one(default_binary(), "grpc", url, "fraud", int(load[1:]), windows)
+    c1, t1 = proc_cpu_s(pid), time.monotonic()
     busy = (c1 - c0) / (t1 - t0)  # over the whole run (warm-up windows included)
     return {
         "load": load,
-        "rps": round(rps, 1),
+        "rps": round(row.throughput, 1),
         "busy_core": round(busy, 3),
-        "p50_ms": round(float(row["p50 latency"]) / 1000.0, 3),
-        "p99_ms": round(float(row["p99 latency"]) / 1000.0, 3),
+        "p50_ms": round(row.p50_us / 1000.0, 3),
+        "p99_ms": round(row.p99_us / 1000.0, 3),
     }
 
 

@@ -34,6 +34,16 @@ _error_hooks: weakref.WeakKeyDictionary[Client, list[Callable[[Exception], None]
 )
 
 
+HEADER_ROOM = 4096
+"""Bytes kept free under nats-server's ``max_payload`` for a message's headers."""
+
+
+def body_limit(nc: Client) -> int:
+    """The largest body a message on `nc` may carry beside its headers: the server's
+    ``max_payload`` less `HEADER_ROOM`."""
+    return nc.max_payload - HEADER_ROOM
+
+
 def on_error(nc: Client, hook: Callable[[Exception], None]) -> None:
     """Call `hook` with every asynchronous error nats-server sends a connection made by
     `connect` (a permissions violation, for one: the server drops the message and says

@@ -34,7 +34,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from inferbus_common.bus import is_no_responders
+from inferbus_common.bus import body_limit, is_no_responders
 from inferbus_common.catalog import Route
 from inferbus_common.codec import Buffer, Tensor
 from inferbus_common.errors import (
@@ -70,8 +70,6 @@ from inferbus_gateway.dispatch.slots import SlotCount
 log = logging.getLogger(__name__)
 
 _NATS_SUBJECT = "Nats-Subject"
-_BUNDLE_OVERHEAD = 4096
-"""Bytes kept free under the bus's message size limit for a bundle's headers."""
 
 _MAX_SUBJECTS = 1024
 """(model, pinned version) pairs whose subject is kept (beyond it they start over)."""
@@ -368,7 +366,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         parts = tensor_frame_parts(tensors)
         size = parts_size(parts)
-        limit = self._nc.max_payload - _BUNDLE_OVERHEAD
+        limit = body_limit(self._nc)
         if size > limit:
             raise InvalidArgument(
                 f"the request's tensors take {size} bytes, more than the {limit} bytes a "
@@ -439,8 +437,7 @@ class Dispatcher:
         size = call.size
         bundle = self._open.get(key)
         if bundle is not None and (
-            bundle.nbytes + size > self._nc.max_payload - _BUNDLE_OVERHEAD
-            or len(bundle.calls) >= self._max_requests
+            bundle.nbytes + size > body_limit(self._nc) or len(bundle.calls) >= self._max_requests
         ):
             self._flush(key)
             bundle = None

@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from inferbus_common.bus import HEADER_ROOM, body_limit
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import (
     DeadlineExceeded,
@@ -54,10 +55,6 @@ from inferbus_worker.llm.supervision import EngineSupervision
 log = logging.getLogger(__name__)
 
 NATS_ERRORS = NATS_ERRORS
-
-MESSAGE_HEADROOM = 4096
-"""Bytes of a bus message kept for its headers: a chunk message or frame carries at
-most the server's ``max_payload`` less this."""
 
 
 class VersionServer(QueueIntake, EngineSupervision):
@@ -201,7 +198,7 @@ class VersionServer(QueueIntake, EngineSupervision):
     ) -> None:
         """Send one chunk: into the pending frame for `frames` (a plain chunk of a
         gateway that takes frames), else as a message of its own after the frames."""
-        limit = self._nc.max_payload - MESSAGE_HEADROOM
+        limit = body_limit(self._nc)
         if frames and not extra:
             entry = pack_chunk(reply, seq, final, body)
             if len(entry) <= limit:
@@ -218,7 +215,7 @@ class VersionServer(QueueIntake, EngineSupervision):
             raise ResourceExhausted(
                 f"a generated chunk of {len(body)} bytes is larger than a message on the "
                 f"platform's bus may be (nats-server max_payload {self._nc.max_payload} "
-                f"bytes, less {MESSAGE_HEADROOM} for headers); ask for fewer logprobs or "
+                f"bytes, less {HEADER_ROOM} for headers); ask for fewer logprobs or "
                 "raise max_payload"
             )
         await self._flush_frames()  # what a stream sent before goes first
@@ -241,7 +238,7 @@ class VersionServer(QueueIntake, EngineSupervision):
             return
         frames, self._frames = self._frames, {}
         headers = {h.VERSION: self.dv.version}
-        limit = self._nc.max_payload - MESSAGE_HEADROOM
+        limit = body_limit(self._nc)
         for subject, entries in frames.items():
             for rids, frame in _split_frames(entries, limit):
                 metrics.CHUNK_MESSAGES.labels(*self._labels, "frame").inc()
