@@ -66,9 +66,19 @@ async def running_router(
     *,
     health: HealthWeights | None = None,
     shadow_timeout_s: float = 5.0,
+    errors: list[BaseException] | None = None,
 ) -> AsyncIterator[tuple[Router, Catalog, ShadowComparer]]:
-    """A Router with its own connection and catalog, as `python -m inferbus_router` builds it."""
-    nc = await nats.connect(url, name=instance)
+    """A Router with its own connection and catalog, as `python -m inferbus_router` builds it.
+
+    `errors` collects what the connection reports (an exception a callback raised
+    included), for failure messages."""
+    seen = errors if errors is not None else []
+
+    async def on_error(exc: BaseException) -> None:
+        seen.append(exc)
+        logging.getLogger(__name__).error("router connection error: %r", exc, exc_info=exc)
+
+    nc = await nats.connect(url, name=instance, error_cb=on_error)
     try:
         async with Catalog(nc.jetstream(), SUBJECTS) as catalog:
             await catalog.wait_loaded()
@@ -503,10 +513,23 @@ async def test_generate_request_nobody_takes_is_answered_429_or_503(
                 h.REPLY: inbox,
             },
         )
-        msg = await asyncio.wait_for(answers.get(), 10)
+        try:
+            msg = await asyncio.wait_for(answers.get(), 10)
+        except TimeoutError:
+            # Which connection took it (a queue group member nobody expected?) and
+            # whether the router's callbacks raised (nats-py only logs that).
+            raise AssertionError(
+                f"{rid}: no answer in 10 s; router errors {errors}; connections:\n"
+                f"{nats_server.connections()}"
+            ) from None
         return msg.headers or {}
 
-    async with running_router(nats_server.url, "r-gen-full") as (_, catalog, _comparer):
+    errors: list[BaseException] = []
+    async with running_router(nats_server.url, "r-gen-full", errors=errors) as (
+        _,
+        catalog,
+        _comparer,
+    ):
         await wait_route(catalog, route)
         # No worker at all: 503, and the message names the state.
         got = await ask("none")

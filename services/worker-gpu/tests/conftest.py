@@ -13,6 +13,7 @@ import pytest
 
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.modelconfig import ModelConfig
+from inferbus_testing.servers import NatsServer
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -66,9 +67,13 @@ def fraud_deployed(fraud_dir: Path, fraud_config: ModelConfig) -> DeployedVersio
 
 
 @pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    """URL of a real nats-server with JetStream, one per test module."""
-    from inferbus_testing.servers import NatsServer
-
+def module_nats_server() -> Iterator[NatsServer]:
+    """A real nats-server with JetStream, one per test module."""
     with NatsServer() as server:
-        yield server.url
+        yield server
+
+
+@pytest.fixture(scope="module")
+def nats_url(module_nats_server: NatsServer) -> str:
+    """URL of `module_nats_server`."""
+    return module_nats_server.url

@@ -28,6 +28,7 @@ from inferbus_common.protocol import headers as h
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_router.prefix import PlacedForwarder, PrefixTable
 from inferbus_router.router import Router
+from inferbus_testing.servers import NatsServer
 from inferbus_worker.llm.engine import EngineDead, LlmEngine, Step
 from inferbus_worker.llm.settings import LlmWorkerSettings
 from inferbus_worker.llm.supervision import DEAD_GRACE_S, RESTARTING
@@ -445,7 +446,7 @@ class Placed(Call):
 
 
 async def test_the_router_places_a_shared_prefix_on_one_worker_while_it_has_a_free_slot(
-    nats_url: str, tmp_path: Path
+    nats_url: str, module_nats_server: NatsServer, tmp_path: Path
 ) -> None:
     """Two workers (2 running slots, bound 4 each) behind a real router with prefix
     placement: every request sharing a prompt prefix runs on the worker that got
@@ -468,7 +469,12 @@ async def test_the_router_places_a_shared_prefix_on_one_worker_while_it_has_a_fr
     routes_kv = await ensure_kv(js, rig.subjects.routes_bucket)
     route = Route(model=model, stable="1", versions=["1"])
     await routes_kv.put(Subjects.model_key(model), route.model_dump_json().encode())
-    router_nc = await nats.connect(nats_url)
+    router_errors: list[Exception] = []
+
+    async def on_router_error(exc: Exception) -> None:
+        router_errors.append(exc)
+
+    router_nc = await nats.connect(nats_url, name="router", error_cb=on_router_error)
     client = await nats.connect(nats_url)
     forwarder = PlacedForwarder(router_nc, rig.subjects, PrefixTable(64))
     labels = {"model": model, "version": "1"}
@@ -478,8 +484,19 @@ async def test_the_router_places_a_shared_prefix_on_one_worker_while_it_has_a_fr
 
     async def run(rid: str, prompt: str) -> str:
         call = await Placed(rig, client, rid, prompt).send()
-        await wait_until(lambda: len(call.msgs) >= 1 and bool(where(rid)), timeout=30)
+        try:
+            await wait_until(lambda: len(call.msgs) >= 1, timeout=30)
+        except AssertionError:
+            # Where it is (a worker's tasks, the forwarder's fallbacks), what the
+            # router's connection reported, and who holds which subscription.
+            held = {w: list(s._tasks) for w, s in servers.items()}
+            raise AssertionError(
+                f"{rid}: no chunk in 30 s; workers hold {held}; forwarder holds "
+                f"{forwarder.holding}; router errors {router_errors}; connections:\n"
+                f"{module_nats_server.connections()}"
+            ) from None
         assert not call.finals, call.finals
+        await wait_until(lambda: bool(where(rid)), timeout=30)
         return where(rid)
 
     def stop_all() -> None:

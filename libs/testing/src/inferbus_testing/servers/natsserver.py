@@ -157,6 +157,29 @@ class NatsServer(_Server):
             return False
         return head.startswith(b"HTTP/1.") and b" 200 " in head[:16]
 
+    def connections(self) -> str:
+        """Who is connected and what each connection subscribes to (``/connz``), one
+        line per connection: for a failure message when a message went missing
+        (a connection nobody expected can hold a queue group's subscription)."""
+        view = None
+        if self.monitor_port:
+            view = _get_json(self.monitor_port, "/connz?subs=detail&limit=1000")
+        if view is None:
+            return "<no /connz answer>"
+        lines = []
+        for conn in view.get("connections", []):
+            subs = ", ".join(
+                s["subject"] + (f" q={s['qgroup']}" if s.get("qgroup") else "")
+                for s in conn.get("subscriptions_list_detail", [])
+            )
+            lines.append(
+                f"cid={conn.get('cid')} name={conn.get('name', '')!r} port={conn.get('port')} "
+                f"in={conn.get('in_msgs')} out={conn.get('out_msgs')} "
+                f"pending={conn.get('pending_bytes')} "
+                f"subs=[{subs}]"
+            )
+        return "\n".join(lines) or "<no connections>"
+
     def restart(self, timeout: float = 10.0) -> Self:
         """Stop (gracefully, if still running) and start again on the same port and store."""
         self.stop()
