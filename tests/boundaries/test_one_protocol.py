@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from nats.aio.msg import Msg
 
+from inferbus_common import bus
 from inferbus_common.catalog import DeployedVersion, Route, ensure_kv
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.modelconfig import ModelConfig
@@ -224,7 +225,7 @@ async def test_the_old_form_is_refused_on_route_and_infer_subjects(
     bundles: asyncio.Queue[Msg] = asyncio.Queue()
     await nats_client.subscribe("old.reply.*", cb=old.put)
     await nats_client.subscribe("gw.reply.b", cb=bundles.put)
-    await nats_client.flush()
+    await bus.sync(nats_client)
     frame = encode_tensors([tensor_from_numpy("input", np.ones((1, 4), np.float32))])
 
     async def old_form(subject: str, rid: str) -> dict[str, str]:

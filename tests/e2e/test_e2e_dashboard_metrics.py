@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from inferbus_client.registry import RegistryClient
+from inferbus_common import bus
 from inferbus_common.admission.keys import AdmissionKeys
 from inferbus_common.admission.limits import Limit, Scope, delete_limit, set_limit
 from inferbus_common.drift import build_profile
@@ -166,7 +167,7 @@ async def _batcher_refusal(stack) -> None:
     try:
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox)
-        await nc.flush()
+        await bus.sync(nc)
         frame = bytes.fromhex("49425431" + "0000")  # an empty tensor frame (IBT1, 0 tensors)
         env = Envelope("dashboard-expired", "fraud", time.time_ns() - 1_000_000_000)
         body = encode_request_bundle("fraud", "1", inbox, [BundledRequest(env, 1)], [(frame,)])

@@ -16,6 +16,7 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from inferbus_common import bus
 from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 from inferbus_proto.v2 import grpc_predict_v2_pb2_grpc as pb_grpc
 
@@ -213,7 +214,7 @@ async def test_every_answered_request_leaves_an_audit_record(stack) -> None:
             await records.put(record)
 
     await nc.subscribe(Subjects().audit_all, cb=on_record)
-    await nc.flush()
+    await bus.sync(nc)
     client = grpcaio.InferenceServerClient(stack.grpc_url)
     try:
         # A fresh subscription may miss its first message (nats-server 2.15.1):

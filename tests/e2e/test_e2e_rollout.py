@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
+from inferbus_common import bus
 from inferbus_common.catalog import Route
 from inferbus_common.subjects import Subjects
 
@@ -126,7 +127,7 @@ async def events(stack) -> AsyncIterator[tuple[Client, list[dict[str, object]]]]
         seen.append(json.loads(msg.data))
 
     await nc.subscribe(Subjects().events("fraud"), cb=on_event)
-    await nc.flush()
+    await bus.sync(nc)
     try:
         yield nc, seen
     finally:

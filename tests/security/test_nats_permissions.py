@@ -15,7 +15,7 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
-from inferbus_common import security
+from inferbus_common import bus, security
 from inferbus_common.bus import connect
 from inferbus_common.subjects import Subjects
 from inferbus_testing.servers import NatsServer
@@ -87,7 +87,7 @@ async def _delivered(listener: Client, subject: str, publish, attempts: int = 5)
         got.set()
 
     sub = await listener.subscribe(subject, cb=on_msg)
-    await listener.flush()
+    await bus.sync(listener)
     # nats-server may drop the first message right after a fresh SUB from
     # another connection; publish a few times.
     for _ in range(attempts):

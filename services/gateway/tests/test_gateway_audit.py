@@ -9,6 +9,7 @@ import nats
 from nats.aio.client import Client
 from prometheus_client import REGISTRY
 
+from inferbus_common import bus
 from inferbus_common.audit import decode_records, split_records
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.observation.auditbatch import AuditBatches
@@ -35,7 +36,7 @@ async def _listen(nc: Client) -> asyncio.Queue[tuple[str, list[str]]]:
         await got.put((msg.subject, [r.request_id for r in decode_records(msg.data)]))
 
     await nc.subscribe(SUBJECTS.audit_records_all, cb=on_msg)
-    await nc.flush()
+    await bus.sync(nc)
     return got
 
 

@@ -9,6 +9,7 @@ import numpy as np
 from nats.aio.client import Client
 from prometheus_client import REGISTRY
 
+from inferbus_common import bus
 from inferbus_common.audittrail import ensure_audit_stream, read_captures
 from inferbus_common.catalog import Catalog, DeployedVersion, ensure_kv
 from inferbus_common.codec import tensor_from_numpy
@@ -51,7 +52,7 @@ async def test_capture_samples_bounds_and_publishes(nats_client: Client) -> None
         capture.observe(*_pair("big", np.zeros((200, 4), dtype=np.float32)))  # 3.2 kB: skipped
         capture.observe(*_pair("fb", np.zeros((1, 4), dtype=np.float32), degraded="breaker-open"))
         capture.observe(*_pair("fb2", np.zeros((1, 4), dtype=np.float32), degraded="deadline"))
-    await nats_client.flush()
+    await bus.sync(nats_client)
     got = [c async for c in read_captures(js, SUBJECTS, "m", "1", since_unix_s=time.time() - 60)]
     assert [c.request_id for c in got] == ["r0", "r2", "r4"]
     assert got[1].inputs[0].as_numpy().tolist() == [[2.0] * 4] * 2

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from inferbus_common import bus
 from inferbus_common.catalog import Route
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
@@ -71,7 +72,7 @@ class FakeBatcher:
 
     async def start(self) -> FakeBatcher:
         self.sub = await self.nc.subscribe(self.subject, cb=self._on_msg)
-        await self.nc.flush()
+        await bus.sync(self.nc)
         return self
 
     async def stop(self) -> None:
@@ -384,7 +385,7 @@ async def test_duplicate_and_late_replies_are_dropped(nats_client, dispatchers):
             bundle.inbox,
             encode_reply_bundle("3", "d1", "", 1, [BundledReply(token)], [(b"",)]),
         )
-        await nats_client.flush()
+        await bus.sync(nats_client)
         for _ in range(100):
             if DUPLICATE_REPLIES.value > before:
                 break
@@ -444,7 +445,7 @@ async def test_the_inbox_takes_reply_bundles_only(nats_client, dispatchers):
         token = bundle.requests[0].token
         inbox = bundle.inbox.rsplit(".", 1)[0]
         await nats_client.publish(f"{inbox}.{token}", b"", headers={"Ib-Status": "INTERNAL"})
-        await nats_client.flush()
+        await bus.sync(nats_client)
         assert not call.done()
         batcher.hold.set()
         reply = await asyncio.wait_for(call, 10)

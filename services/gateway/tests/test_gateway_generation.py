@@ -8,6 +8,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
+from inferbus_common import bus
 from inferbus_common.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -28,14 +29,14 @@ from inferbus_gateway.rest.openai_request import parse_openai
 async def _chunks(dispatcher: GenerationDispatcher, nc, order: list[int], *, final: int) -> list:
     """Publish chunks `order` (seq numbers) to a fresh stream; collect what it yields."""
     reply, stream = dispatcher.open()
-    await nc.flush()
+    await bus.sync(nc)
     for seq in order:
         headers = {h.SEQ: str(seq)}
         if seq == final:
             headers[h.FINAL] = "1"
         body = GenerationChunk(text=f"<{seq}>", tokens=1).encode()
         await nc.publish(reply, body, headers=headers)
-    await nc.flush()
+    await bus.sync(nc)
     got = []
     async for chunk in stream.chunks(h.deadline_from_timeout(5.0)):
         got.append(chunk.text)
@@ -58,7 +59,7 @@ async def test_a_gap_fails_the_stream_cleanly(nats_client) -> None:
     try:
         reply, stream = dispatcher.open()
         stream._gap_timeout_s = 0.2
-        await nats_client.flush()
+        await bus.sync(nats_client)
         for seq in (0, 2, 3):  # 1 never comes
             await nats_client.publish(
                 reply, GenerationChunk(text="x", tokens=1).encode(), headers={h.SEQ: str(seq)}
@@ -77,7 +78,7 @@ async def test_an_error_chunk_or_router_error_raises_its_status(nats_client) -> 
     await dispatcher.start()
     try:
         reply, stream = dispatcher.open()
-        await nats_client.flush()
+        await bus.sync(nats_client)
         exc = ResourceExhausted("full", reason="llm-full")
         await nats_client.publish(reply, b"", headers={**error_headers(exc), h.SEQ: "0"})
         with pytest.raises(ResourceExhausted) as caught:
@@ -86,7 +87,7 @@ async def test_an_error_chunk_or_router_error_raises_its_status(nats_client) -> 
         assert caught.value.reason == "llm-full"
         # The router answers without Ib-Seq (e.g. an unknown version).
         reply, stream = dispatcher.open()
-        await nats_client.flush()
+        await bus.sync(nats_client)
         await nats_client.publish(reply, b"", headers=error_headers(NotFound("no version 9")))
         with pytest.raises(NotFound):
             async for _ in stream.chunks(h.deadline_from_timeout(5.0)):
@@ -211,7 +212,7 @@ async def test_a_cancel_that_overtook_its_request_is_sent_again_once(
         reply, _ = dispatcher.open()
         dispatcher.close_unanswered(reply, "c", later)
         replies["c"] = reply
-        await nats_client.flush()
+        await bus.sync(nats_client)
 
         async def chunk(rid: str, final: bool = False) -> None:
             headers = {h.SEQ: "0", **({h.FINAL: "1"} if final else {})}
@@ -220,7 +221,7 @@ async def test_a_cancel_that_overtook_its_request_is_sent_again_once(
         for rid in ("gone", "a", "c", "c"):
             await chunk(rid)
         await chunk("b", final=True)  # the worker already finished: nothing to cancel
-        await nats_client.flush()
+        await bus.sync(nats_client)
         await asyncio.sleep(0.3)
         assert cancels == ["c"]
     finally:

@@ -10,6 +10,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
+from inferbus_common import bus
 from inferbus_common.catalog import (
     Catalog,
     DeployedVersion,
@@ -249,7 +250,7 @@ async def test_the_probe_finds_a_dead_worker_and_the_sweep_answers_its_requests(
             assert "no worker serves it" in text
             # It reconnects (answers probes again) and heartbeats: it counts again.
             await nats_client.subscribe(alive, cb=answer)
-            await nats_client.flush()
+            await bus.sync(nats_client)
             await kv.put("w-1", _worker("w-1", "ready", alive=alive).model_dump_json().encode())  # type: ignore[attr-defined]
             assert await catalog.wait_for(lambda: catalog.is_ready("fraud", "1.0.0"), WAIT)
     finally:

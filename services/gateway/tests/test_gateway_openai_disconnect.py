@@ -20,7 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from starlette.applications import Starlette
 
-from inferbus_common import ops
+from inferbus_common import bus, ops
 from inferbus_common.catalog import Catalog
 from inferbus_common.generation import GenerationChunk
 from inferbus_common.protocol import headers as h
@@ -91,7 +91,7 @@ async def endless(nats_client: Client) -> AsyncIterator[Endless]:
         await nats_client.subscribe(SUBJECTS.gen_route_all, cb=on_request),
         await nats_client.subscribe(SUBJECTS.gen_cancel_all, cb=on_cancel),
     ]
-    await nats_client.flush()
+    await bus.sync(nats_client)
     dispatcher = GenerationDispatcher(nats_client, SUBJECTS, "gw-test")
     await dispatcher.start()
     sock = ops.bind_socket("127.0.0.1", 0)

@@ -18,6 +18,7 @@ import pytest
 from nats.aio.client import Client
 from prometheus_client import REGISTRY
 
+from inferbus_common import bus
 from inferbus_common.admission.apikeys import KeyStore
 from inferbus_common.admission.keys import AdmissionKeys, connect_redis
 from inferbus_common.admission.limits import Limit, Scope, set_limit
@@ -448,7 +449,7 @@ async def test_audit_trail_records_every_outcome(nats_client: Client) -> None:
         await got.put(msg.data)
 
     await nats_client.subscribe(SUBJECTS.audit_records_all, cb=on_msg)
-    await nats_client.flush()
+    await bus.sync(nats_client)
     trail = AuditTrail(AuditBatches(nats_client, SUBJECTS, max_delay_s=0.0), "gw-a")
     ok = InferCall.start(_request(rid="ok"), "grpc")
     await trail(ok, _returns(_answer("1")))

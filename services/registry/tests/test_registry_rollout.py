@@ -17,6 +17,7 @@ import pytest
 from nats.aio.client import Client
 
 from inferbus_client.registry import RegistryClient
+from inferbus_common import bus
 from inferbus_common.catalog import Route, WorkerStatus, ensure_kv
 from inferbus_common.errors import FailedPrecondition, InvalidArgument
 from inferbus_common.versionhealth import WindowStats, percentile
@@ -178,7 +179,7 @@ async def _probe(nc: Client, app: RegistryApp) -> None:
     while app.rollouts.audit_records_seen == 0:
         assert time.monotonic() < deadline, "the controller never saw an audit record"
         await nc.publish(app.subjects.audit("probe"), _record("probe", "1", "OK", 1.0))
-        await nc.flush()
+        await bus.sync(nc)
         await asyncio.sleep(0.05)
 
 
@@ -245,7 +246,7 @@ async def test_healthy_canary_reaches_100_and_becomes_stable(
     rclient: RegistryClient, fast_registry: RegistryApp, nc: Client, model: str
 ) -> None:
     events = await nc.subscribe(fast_registry.subjects.events(model))
-    await nc.flush()
+    await bus.sync(nc)
     async with traffic(nc, fast_registry, model, ("2", "OK", 2.0)):
         started = Rollout.model_validate_json(
             (
@@ -472,7 +473,7 @@ async def test_a_restarted_registry_replays_the_steps_evidence_from_the_audit_st
                 for _ in range(10):
                     for version in ("1", "2"):
                         await conn.publish(app.subjects.audit("m"), _record("m", version, "OK", 2))
-                await conn.flush()
+                await bus.sync(conn)
                 r = Rollout.model_validate_json((await c.get_rollout("m")).rollout_json)
                 assert r.step == 0  # the first registry stops before the step's interval ends
         finally:

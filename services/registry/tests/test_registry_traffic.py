@@ -13,6 +13,7 @@ import pytest
 from nats.aio.client import Client
 
 from inferbus_client.registry import RegistryClient
+from inferbus_common import bus
 from inferbus_common.catalog import Route
 from inferbus_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from inferbus_registry.app import RegistryApp
@@ -43,7 +44,7 @@ async def test_set_traffic_records_who_when_why_and_publishes_an_event(
     client: RegistryClient, registry: RegistryApp, nc: Client, two_versions: str
 ) -> None:
     events = await nc.subscribe(registry.subjects.events("m"))
-    await nc.flush()
+    await bus.sync(nc)
     before = await client.get_route("m")
     base = _route(before)
     assert base.stable == "1" and base.canary == "" and base.revision >= 1

@@ -8,6 +8,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from inferbus_common import bus
 from inferbus_common.catalog import Route, ensure_kv
 from inferbus_common.protocol.bundles import (
     BundledRequest,
@@ -48,7 +49,7 @@ async def test_forwards_bundles_and_answers_unknown_models(
     subjects = Subjects()
     forwarded = await nats_client.subscribe(f"{subjects.prefix}.infer.{subject_token('m.x')}.*")
     replies = await nats_client.subscribe("test.reply.b")
-    await nats_client.flush()
+    await bus.sync(nats_client)
 
     body = b"opaque body the router never reads"
     # The catalog may lag the route put by a moment: retry until forwarded.
@@ -116,7 +117,7 @@ async def test_sticky_keys_agree_across_router_processes_and_a_restart(
     await nats_client.subscribe(
         f"{subjects.prefix}.infer.{subject_token('sticky.p')}.*", cb=on_forward
     )
-    await nats_client.flush()
+    await bus.sync(nats_client)
 
     async def send(tag: str, keys: int, rounds: int) -> dict[str, set[str]]:
         for r in range(rounds):
@@ -125,7 +126,7 @@ async def test_sticky_keys_agree_across_router_processes_and_a_restart(
                     subjects.route("sticky.p"),
                     _bundle("sticky.p", f"{tag}.{r}.{k}", sticky=f"user-{k}"),
                 )
-        await nats_client.flush()
+        await bus.sync(nats_client)
         deadline = time.monotonic() + 20
         want = {f"{tag}.{r}.{k}" for r in range(rounds) for k in range(keys)}
         while not want <= seen.keys():

@@ -22,6 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
+from inferbus_common import bus
 from inferbus_common.catalog import Catalog, Route, WorkerStatus, ensure_kv
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.protocol import headers as h
@@ -42,6 +43,7 @@ from inferbus_common.subjects import Subjects, subject_token
 from inferbus_router.health import HealthPolicy, HealthWeights
 from inferbus_router.router import Router
 from inferbus_router.shadow import ShadowComparer
+from inferbus_testing.busdebug import router_subscriptions
 from inferbus_testing.records import audit_record, ready_heartbeat
 
 SUBJECTS = Subjects()
@@ -160,7 +162,7 @@ class Forwarded:
 
     async def subscribe(self, nc: Client) -> None:
         await nc.subscribe(f"{SUBJECTS.prefix}.infer.{subject_token(self.model)}.*", cb=self._on)
-        await nc.flush()
+        await bus.sync(nc)
 
     async def _on(self, msg: Msg) -> None:
         bundle = decode_request_bundle(msg.data)
@@ -198,7 +200,7 @@ async def test_canary_share_over_10000_requests(nats_server, nats_client) -> Non
         for i in range(n):
             await send_request(nats_client, "split", f"r{i}", b"x")
             if i % 1000 == 999:
-                await nats_client.flush()
+                await bus.sync(nats_client)
         await wait_until(lambda: len(seen.by_request) == n)
     versions = Counter(version_of(m) for m in seen.by_request.values())
     share = versions["2"] / n
@@ -229,7 +231,7 @@ async def test_sticky_keys_agree_across_instances_and_a_restart(nats_server, nat
         for r in range(rounds):
             for k in keys:
                 await send_request(nats_client, "sticky", f"{tag}-{r}-{k}", tenant=k)
-        await nats_client.flush()
+        await bus.sync(nats_client)
 
     def mapping(tag: str) -> dict[str, set[str]]:
         out: dict[str, set[str]] = defaultdict(set)
@@ -322,7 +324,7 @@ async def test_shadow_copies_are_compared_and_never_reach_the_client(
     await seen.subscribe(nats_client)
     await nats_client.subscribe(f"{SUBJECTS.prefix}.infer.{subject_token(model)}.*", cb=worker)
     await nats_client.subscribe("client.reply.b", cb=on_client_reply)
-    await nats_client.flush()
+    await bus.sync(nats_client)
 
     async def send(start: int, n: int) -> None:
         for i in range(start, start + n):
@@ -332,7 +334,7 @@ async def test_shadow_copies_are_compared_and_never_reach_the_client(
             await send_request(
                 nats_client, model, f"r{i}", body, inbox="client.reply.b", token=i + 1
             )
-        await nats_client.flush()
+        await bus.sync(nats_client)
 
     async with running_router(nats_server.url, "r-shadow", shadow_timeout_s=1.0) as (
         _,
@@ -401,7 +403,7 @@ async def test_unhealthy_canary_gets_less_traffic(nats_server, nats_client) -> N
                 await nats_client.publish(
                     SUBJECTS.audit(model), _audit(model, version, status, f"a{i}")
                 )
-        await nats_client.flush()
+        await bus.sync(nats_client)
         await wait_until(lambda: health.factor(model, "2") == 0.1, timeout=20)
         gauge = REGISTRY.get_sample_value(
             "inferbus_router_effective_weight", {"model": model, "version": "2"}
@@ -415,7 +417,7 @@ async def test_unhealthy_canary_gets_less_traffic(nats_server, nats_client) -> N
         n = 2000
         for i in range(n):
             await send_request(nats_client, model, f"r{i}")
-        await nats_client.flush()
+        await bus.sync(nats_client)
         await wait_until(lambda: len(seen.by_request) == n)
     share = sum(version_of(m) == "2" for m in seen.by_request.values()) / n
     print(f"canary share with health factor 0.1 on weight 50: {share:.3f}")
@@ -470,7 +472,7 @@ async def test_generate_requests_go_to_the_gen_subject_by_the_same_rules(
 
     await nats_client.subscribe(f"{SUBJECTS.prefix}.gen.{subject_token('llm')}.*", cb=on_gen)
     infer = await nats_client.subscribe(f"{SUBJECTS.prefix}.infer.{subject_token('llm')}.*")
-    await nats_client.flush()
+    await bus.sync(nats_client)
     async with running_router(nats_server.url, "r-gen") as (_, catalog, comparer):
         await wait_route(catalog, route)
         deadline = time.monotonic() + 10
@@ -488,6 +490,14 @@ async def test_generate_requests_go_to_the_gen_subject_by_the_same_rules(
     assert infer.pending_msgs == 0
 
 
+async def _answered(answers: asyncio.Queue[Msg], timeout: float) -> bool:
+    try:
+        await asyncio.wait_for(answers.get(), timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
 async def test_generate_request_nobody_takes_is_answered_429_or_503(
     nats_server, nats_client
 ) -> None:
@@ -500,7 +510,7 @@ async def test_generate_request_nobody_takes_is_answered_429_or_503(
     answers: asyncio.Queue[Msg] = asyncio.Queue()
     inbox = nats_client.new_inbox()
     await nats_client.subscribe(inbox, cb=answers.put)
-    await nats_client.flush()
+    await bus.sync(nats_client)
 
     async def ask(rid: str) -> dict[str, str]:
         await nats_client.publish(
@@ -518,15 +528,32 @@ async def test_generate_request_nobody_takes_is_answered_429_or_503(
         except TimeoutError:
             # Which connection took it (a queue group member nobody expected?) and
             # whether the router's callbacks raised (nats-py only logs that).
+            routed = {
+                status: REGISTRY.get_sample_value(
+                    "inferbus_router_requests_total",
+                    {"model": "llm-full", "version": "1", "status": status},
+                )
+                for status in ("OK", "UNAVAILABLE", "RESOURCE_EXHAUSTED")
+            }
+            matched = nats_server.subscribers(SUBJECTS.gen_route("llm-full"))
+            state = router_subscriptions(router)
+            # Is it this message only, or does the next one get through?
+            await nats_client.publish(
+                SUBJECTS.gen_route("llm-full"),
+                b"{}",
+                headers={h.MODEL: "llm-full", h.REQUEST_ID: "again", h.REPLY: inbox},
+            )
+            again = "answered" if await _answered(answers, 5) else "not answered either"
             raise AssertionError(
-                f"{rid}: no answer in 10 s; router errors {errors}; connections:\n"
+                f"{rid}: no answer in 10 s; router errors {errors}; routed {routed}; "
+                f"{state}; {matched}; a second request: {again}; connections:\n"
                 f"{nats_server.connections()}"
             ) from None
         return msg.headers or {}
 
     errors: list[BaseException] = []
     async with running_router(nats_server.url, "r-gen-full", errors=errors) as (
-        _,
+        router,
         catalog,
         _comparer,
     ):
@@ -588,7 +615,7 @@ async def test_a_bundle_is_split_by_version_with_its_shadow_copies(
 
     await nats_client.subscribe(f"{SUBJECTS.prefix}.infer.bun.*", cb=on_forward)
     await nats_client.subscribe("gwtest.b", cb=on_reply)
-    await nats_client.flush()
+    await bus.sync(nats_client)
     x = encode_tensors([tensor_from_numpy("input", np.ones((1, 2), np.float32))])
     tenants = [f"t{i}" for i in range(8)]
     deadline = time.time_ns() + 10**10
@@ -672,7 +699,7 @@ async def test_a_bundle_nobody_takes_is_answered_unavailable_at_once(
 
     probed: list[Msg] = []
     await nats_client.subscribe("gwlonely.*", cb=on_reply)
-    await nats_client.flush()
+    await bus.sync(nats_client)
     x = encode_tensors([tensor_from_numpy("input", np.ones((1, 2), np.float32))])
     requests = [
         BundledRequest(Envelope(f"r{t}", "lonely", time.time_ns() + 10**10), t) for t in (3, 4, 5)
@@ -721,7 +748,7 @@ async def test_the_old_single_request_form_is_refused(nats_server, nats_client) 
     await seen.subscribe(nats_client)
     answers: asyncio.Queue[Msg] = asyncio.Queue()
     await nats_client.subscribe("old.reply", cb=answers.put)
-    await nats_client.flush()
+    await bus.sync(nats_client)
     frame = encode_tensors([tensor_from_numpy("input", np.ones((1, 2), np.float32))])
     async with running_router(nats_server.url, "r-old") as (_, catalog, _):
         await wait_route(catalog, route)

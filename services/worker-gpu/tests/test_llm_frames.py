@@ -19,6 +19,7 @@ import nats
 import pytest
 from prometheus_client import REGISTRY
 
+from inferbus_common import bus
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import ResourceExhausted, Unavailable
 from inferbus_common.generation import GenerationRequest, pack_chunk, unpack_chunks
@@ -119,7 +120,7 @@ async def _read_all(
     of them wait and the last step's chunks are in; the texts, by stream."""
     texts: dict[str, list[str]] = {k: [] for k in streams}
     readers = [asyncio.create_task(_read(s, texts[k])) for k, s in streams.items()]
-    await nc.flush()
+    await bus.sync(nc)
     for step in range(steps):
         await wait_until(lambda: engine.waiting == len(texts), 5)
         engine.tick()
@@ -159,7 +160,7 @@ async def test_the_chunks_of_one_step_travel_in_one_frame_per_gateway(
         got: list[str] = []
         failing = await _send(framed, dv, "rd", "d", 5)
         reader = asyncio.create_task(_read(failing, got))
-        await nc.flush()
+        await bus.sync(nc)
         await wait_until(lambda: engine.waiting == 1, 5)
         engine.tick()
         await wait_until(lambda: bool(got) and engine.waiting == 1, 5)
@@ -199,7 +200,7 @@ async def test_frames_stay_within_max_payload_and_a_chunk_too_big_for_the_bus_fa
         got: dict[str, list[str]] = {"big": [], "ok": []}
         big = asyncio.create_task(_read(await _send(gateway, dv, "rbig", "big", 2), got["big"]))
         ok = asyncio.create_task(_read(await _send(gateway, dv, "rok", "ok", 2), got["ok"]))
-        await nc.flush()
+        await bus.sync(nc)
         await wait_until(lambda: engine.waiting == 2, 5)
         engine.tick()
         await wait_until(lambda: len(got["ok"]) == 1 and engine.waiting == 1, 5)
@@ -230,7 +231,7 @@ async def test_streams_of_a_frame_the_bus_refused_are_aborted(
 
     try:
         streams = [await _send(gateway, dv, f"p{i}", f"p{i}", 50) for i in range(2)]
-        await nc.flush()
+        await bus.sync(nc)
         await wait_until(lambda: engine.waiting == 2, 5)
         monkeypatch.setattr(nc, "publish", refuse_frames)
         engine.tick()
@@ -244,7 +245,7 @@ async def test_streams_of_a_frame_the_bus_refused_are_aborted(
         # second abort while its task winds down is refused and not counted.
         monkeypatch.setattr(nc, "publish", publish)
         await _send(gateway, dv, "p2", "p2", 50)
-        await nc.flush()
+        await bus.sync(nc)
         await wait_until(lambda: server.in_flight == 1, 5)
         assert server.cancel("p2", "publish") is True
         assert server.cancel("p2", "publish") is False

@@ -21,6 +21,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
+from inferbus_common import bus
 from inferbus_common.catalog import Catalog, DeployedVersion, Route, WorkerStatus, ensure_kv
 from inferbus_common.generation import GenerationChunk, GenerationRequest
 from inferbus_common.modelconfig import ModelConfig
@@ -28,6 +29,7 @@ from inferbus_common.protocol import headers as h
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_router.prefix import PlacedForwarder, PrefixTable
 from inferbus_router.router import Router
+from inferbus_testing.busdebug import router_subscriptions
 from inferbus_testing.servers import NatsServer
 from inferbus_worker.llm.engine import EngineDead, LlmEngine, Step
 from inferbus_worker.llm.settings import LlmWorkerSettings
@@ -198,7 +200,7 @@ class Call:
         await self.rig.nc.publish(
             self.rig.subjects.gen(self.rig.model, "1"), body.encode(), headers=headers
         )
-        await self.rig.nc.flush()
+        await bus.sync(self.rig.nc)
         return self
 
     @property
@@ -340,7 +342,7 @@ async def _router_connection(nats_url: str) -> tuple[Client, asyncio.Queue[Msg]]
     client = await nats.connect(nats_url)
     no_responders: asyncio.Queue[Msg] = asyncio.Queue()
     await client.subscribe("nr.>", cb=no_responders.put)
-    await client.flush()
+    await bus.sync(client)
     return client, no_responders
 
 
@@ -358,7 +360,7 @@ async def test_full_workers_leave_the_queue_group_so_none_refuses_while_another_
     try:
         labels = {"model": rig.model, "version": "1"}
         calls = [await Routed(rig, client, f"r{i}").send() for i in range(8)]
-        await client.flush()
+        await bus.sync(client)
         await wait_until(lambda: all(len(c.msgs) >= 1 for c in calls))
         assert not any(c.finals for c in calls), [c.finals for c in calls]
         assert [s.in_flight for s in servers] == [4, 4]
@@ -396,7 +398,7 @@ async def test_a_burst_beyond_the_bound_is_refused_once_each_at_once(
     try:
         labels = {"model": rig.model, "version": "1"}
         calls = [await Routed(rig, client, f"b{i}").send() for i in range(6)]
-        await client.flush()
+        await bus.sync(client)
         await wait_until(lambda: sum(1 for c in calls if c.msgs) + no_responders.qsize() == 6)
         await asyncio.sleep(0.2)  # a second answer to anyone would be in by now
         running = [c for c in calls if c.msgs and not c.finals]
@@ -492,7 +494,9 @@ async def test_the_router_places_a_shared_prefix_on_one_worker_while_it_has_a_fr
             held = {w: list(s._tasks) for w, s in servers.items()}
             raise AssertionError(
                 f"{rid}: no chunk in 30 s; workers hold {held}; forwarder holds "
-                f"{forwarder.holding}; router errors {router_errors}; connections:\n"
+                f"{forwarder.holding}; router errors {router_errors}; router "
+                f"{router_subscriptions(router)}; "
+                f"{module_nats_server.subscribers(rig.subjects.gen_route(model))}; connections:\n"
                 f"{module_nats_server.connections()}"
             ) from None
         assert not call.finals, call.finals

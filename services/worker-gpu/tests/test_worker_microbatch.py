@@ -7,6 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from inferbus_common import bus
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.errors import InvalidArgument, StatusCode
 from inferbus_common.modelconfig import ModelConfig
@@ -120,9 +121,9 @@ async def test_an_outbox_answers_in_one_reply_bundle_per_inbox(
             four.set()
 
     sub = await nats_client.subscribe("*.*", cb=on_msg)
-    await nats_client.flush()
+    await bus.sync(nats_client)
     await outbox.send(nats_client)
-    await nats_client.flush()
+    await bus.sync(nats_client)
     await asyncio.wait_for(four.wait(), 10)
     await sub.unsubscribe()
     # One reply bundle per inbox.

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from nats.aio.msg import Msg
 
+from inferbus_common import bus
 from inferbus_common.catalog import DeployedVersion, Route, WorkerStatus, ensure_kv
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.protocol import headers as h
@@ -112,7 +113,7 @@ async def test_sigterm_drains_in_flight_batches(
         await wait_for(lambda: len(replies) >= 2, service=service)
         code = await service.aterminate(timeout=20)
         assert code == 0, service.log_tail()
-        await nc.flush()
+        await bus.sync(nc)
         info = await js.consumer_info(
             subjects.batch_stream, subjects.batch_consumer("default", "fraud", "1")
         )

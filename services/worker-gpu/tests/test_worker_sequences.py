@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from nats.aio.client import Client
 
+from inferbus_common import bus
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.modelconfig import ModelConfig
@@ -58,7 +59,7 @@ async def _runner(nc: Client, model_dir: Path, **sequence: object) -> SequenceRu
     dv = DeployedVersion(model="acc", version="1", config=config, digest="sha256:x")
     runner = SequenceRunner(nc, SUBJECTS, WORKER, dv, engine)
     await runner.start()
-    await nc.flush()
+    await bus.sync(nc)
     return runner
 
 

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from prometheus_client import REGISTRY
 
+from inferbus_common import bus
 from inferbus_common.catalog import DeployedVersion, Route, WorkerStatus, ensure_kv
 from inferbus_common.codec import tensor_from_numpy
 from inferbus_common.protocol import headers as h
@@ -73,7 +74,7 @@ class Deployment:
                 self.replies[msg.subject.rsplit(".", 1)[1]] = answer
 
         await self.nc.subscribe(f"{self.reply_prefix}.*", cb=on_reply)
-        await self.nc.flush()
+        await bus.sync(self.nc)
 
     async def publish(self, data: bytes) -> None:
         subject = self.subjects.batch("default", self.deployed.model, self.deployed.version)

@@ -84,6 +84,28 @@ NO_STREAM_ERRORS: tuple[type[Exception], ...] = (
 its state): re-create it and try again."""
 
 
+async def sync(nc: Client, timeout: int = 10) -> None:
+    """Return once nats-server has processed every command `nc` sent before the call:
+    the subscriptions just made take messages others publish from now on, and the
+    messages just published have been routed.
+
+    ``nc.flush()`` alone does not promise that. nats-py writes its PING straight to
+    the socket, ahead of the SUB and PUB commands still waiting for its flusher
+    task, and nats-server can answer PONG before it reads the commands behind the
+    PING. A message another connection published right after such a flush could
+    then find no subscriber and be lost (CI lost the first generative request
+    through a fresh router this way; docs/architecture.md, "Reliability"). While
+    the first round trip is under way the flusher writes what was queued, so the
+    second PING goes behind those commands, and its PONG means the server has them.
+
+    Raises:
+        nats.errors.FlushTimeoutError: a PONG did not come within `timeout`.
+        nats.errors.ConnectionClosedError: the connection is closed.
+    """
+    await nc.flush(timeout)
+    await nc.flush(timeout)
+
+
 def is_no_responders(msg: Msg) -> bool:
     """Whether `msg` is nats-server's "no responders" status (503, empty body): nothing
     was subscribed to the subject a request was published on, so nothing got it.

@@ -47,7 +47,7 @@ from inferbus_batcher.metrics import (
 from inferbus_batcher.settings import BatcherSettings
 from inferbus_batcher.workqueue import PublishFailed, WorkQueue
 from inferbus_common import tracing
-from inferbus_common.bus import connect
+from inferbus_common.bus import connect, sync
 from inferbus_common.catalog import Catalog
 from inferbus_common.errors import (
     InferbusError,
@@ -171,7 +171,7 @@ class Batcher:
             pending_bytes_limit=s.pending_bytes_limit,
         )
         self._idle_sub = await self._nc.subscribe(self._subjects.idle_all, cb=self._on_idle)
-        await self._nc.flush()
+        await sync(self._nc)  # subscribed at nats-server before "serving"
         log.info("batcher %s serving", self.instance_id, extra={"nats_url": s.nats_url})
 
     def ready(self) -> tuple[bool, str]:

@@ -17,7 +17,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from inferbus_common.bus import NO_STREAM_ERRORS
+from inferbus_common.bus import NO_STREAM_ERRORS, sync
 from inferbus_common.catalog import Route, ensure_kv
 from inferbus_common.subjects import Subjects
 from inferbus_registry import metrics
@@ -216,6 +216,6 @@ class CatalogPublisher:
                 await self.publish_version(await repo.get_version(state.name, version))
                 count += 1
             await self.publish_route(repo, state)
-        await self._nc.flush()
+        await sync(self._nc)
         log.info("catalog republished: %d version(s)", count)
         return count

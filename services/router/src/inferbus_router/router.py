@@ -35,7 +35,7 @@ from nats.aio.subscription import Subscription
 from prometheus_client import Counter, Gauge, Histogram
 
 from inferbus_common import tracing
-from inferbus_common.bus import is_no_responders
+from inferbus_common.bus import is_no_responders, sync
 from inferbus_common.catalog import Catalog, Route
 from inferbus_common.errors import (
     InferbusError,
@@ -185,9 +185,10 @@ class Router:
             pending_msgs_limit=100_000,
             pending_bytes_limit=256 << 20,
         )
-        # A round trip: nats-server has every subscription above when start()
-        # returns (readiness, and audit records sent right after are not missed).
-        await self._nc.flush()
+        # Round trips: nats-server has every subscription above when start()
+        # returns (readiness, and requests and audit records sent right after are
+        # not missed; one flush is not enough, see `sync`).
+        await sync(self._nc)
 
     async def drain(self) -> None:
         """Stop taking requests, finish forwarding those already received, stop

@@ -180,6 +180,24 @@ class NatsServer(_Server):
             )
         return "\n".join(lines) or "<no connections>"
 
+    def subscribers(self, subject: str) -> str:
+        """The subscriptions nats-server's subscription list matches `subject` with now
+        (``/subsz?test=``), and the list's counters: for a failure message when a
+        message published on `subject` reached nobody."""
+        if not self.monitor_port:
+            return "<not started>"
+        view = _get_json(self.monitor_port, f"/subsz?subs=1&test={subject}")
+        if view is None:
+            return "<no /subsz answer>"
+        subs = ", ".join(
+            f"cid={s.get('cid')} {s.get('subject')}"
+            + (f" q={s['qgroup']}" if s.get("qgroup") else "")
+            + f" msgs={s.get('msgs')}"
+            for s in view.get("subscriptions_list", [])
+        )
+        counters = {k: view.get(k) for k in ("num_subscriptions", "num_cache", "num_matches")}
+        return f"{subject} matches [{subs}]; {counters}"
+
     def restart(self, timeout: float = 10.0) -> Self:
         """Stop (gracefully, if still running) and start again on the same port and store."""
         self.stop()

@@ -14,7 +14,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from inferbus_common.bus import is_no_responders
+from inferbus_common.bus import is_no_responders, sync
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import InferbusError, ResourceExhausted, Unavailable
 from inferbus_common.generation import LLM_FULL_REASON
@@ -23,6 +23,8 @@ from inferbus_common.protocol.replies import error_headers
 from inferbus_common.subjects import Subjects
 from inferbus_worker.heartbeat import NATS_ERRORS
 from inferbus_worker.llm import metrics
+
+_SYNC_ERRORS: tuple[type[BaseException], ...] = (*NATS_ERRORS, TimeoutError)
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +117,19 @@ class QueueIntake:
                     log.warning("could not rejoin the generation %s subject: %s", which, exc)
                     await asyncio.sleep(0.5)
                     continue
+                try:
+                    # Taking requests once nats-server routes them here (`sync`): a
+                    # request sent from elsewhere right after finds this member.
+                    await sync(self._nc, timeout=2)
+                except _SYNC_ERRORS as exc:
+                    # The subscription stands (nats-py replays it on reconnect).
+                    log.debug("generation %s subscription not confirmed: %s", which, exc)
                 if direct:
                     self._direct_sub = sub
                 else:
                     self._sub = sub
+                if self._stopping:  # stopped while we waited: nothing left to join
+                    self._leave(which)
         finally:
             self._set_joining(which, False)
         if self._held(which) is not None:

@@ -20,7 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from inferbus_common.bus import HEADER_ROOM, body_limit
+from inferbus_common.bus import HEADER_ROOM, body_limit, sync
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import (
     DeadlineExceeded,
@@ -157,9 +157,9 @@ class VersionServer(QueueIntake, EngineSupervision):
         if self._intake_tasks:
             await asyncio.wait(list(self._intake_tasks), timeout=timeout_s)
         if self._handoff_sub is not None:
-            # A round trip: "no responders" for what we handed off is in by now.
+            # Round trips: "no responders" for what we handed off is in by now.
             with contextlib.suppress(*NATS_ERRORS, TimeoutError):
-                await self._nc.flush(timeout=2)
+                await sync(self._nc, timeout=2)
                 await asyncio.sleep(0.05)
                 await self._handoff_sub.unsubscribe()
             self._handoff_sub = None
