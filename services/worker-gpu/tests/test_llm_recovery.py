@@ -29,7 +29,7 @@ from inferbus_common.protocol import headers as h
 from inferbus_common.subjects import Subjects, subject_token
 from inferbus_router.prefix import PlacedForwarder, PrefixTable
 from inferbus_router.router import Router
-from inferbus_testing.busdebug import router_subscriptions
+from inferbus_testing.busdebug import lost_request_report
 from inferbus_testing.servers import NatsServer
 from inferbus_worker.llm.engine import EngineDead, LlmEngine, Step
 from inferbus_worker.llm.settings import LlmWorkerSettings
@@ -494,10 +494,8 @@ async def test_the_router_places_a_shared_prefix_on_one_worker_while_it_has_a_fr
             held = {w: list(s._tasks) for w, s in servers.items()}
             raise AssertionError(
                 f"{rid}: no chunk in 30 s; workers hold {held}; forwarder holds "
-                f"{forwarder.holding}; router errors {router_errors}; router "
-                f"{router_subscriptions(router)}; "
-                f"{module_nats_server.subscribers(rig.subjects.gen_route(model))}; connections:\n"
-                f"{module_nats_server.connections()}"
+                f"{forwarder.holding}; router errors {router_errors}; "
+                f"{lost_request_report(module_nats_server, rig.subjects.gen_route(model), router)}"
             ) from None
         assert not call.finals, call.finals
         await wait_until(lambda: bool(where(rid)), timeout=30)

@@ -4,7 +4,10 @@ subscription's callback task took it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inferbus_testing.servers import NatsServer
 
 
 def subscription_state(sub: Any) -> str:
@@ -35,3 +38,14 @@ def client_state(nc: Any) -> str:
         for s in list(nc._subs.values())  # nats-py keeps them private
     )
     return f"client in {nc.stats['in_msgs']} msgs; subs [{subs}]"
+
+
+def lost_request_report(server: NatsServer, subject: str, router: Any) -> str:
+    """For a test whose request published on `subject` through `router` got no
+    answer: the router's subscriptions and client counters, what nats-server's
+    subscription list matches for `subject` now, and every connection with its
+    subscriptions and message counts."""
+    return (
+        f"router {router_subscriptions(router)}; {server.subscribers(subject)}; "
+        f"connections:\n{server.connections()}"
+    )
