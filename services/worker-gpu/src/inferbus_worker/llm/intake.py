@@ -74,13 +74,14 @@ class QueueIntake:
 
     @property
     def taking_requests(self) -> bool:
-        """Whether this server is in the queue group now (it has room)."""
-        return self._sub is not None
+        """Whether this server is in the queue group now (it has room): nats-server
+        routes its requests here (a join counts once `_join` has synced)."""
+        return self._sub is not None and not self._opening
 
     @property
     def taking_placed(self) -> bool:
-        """Whether this server takes requests placed on it by prefix now."""
-        return self._direct_sub is not None
+        """Whether this server takes requests placed on it by prefix now (likewise)."""
+        return self._direct_sub is not None and not self._direct_opening
 
     async def _open_intake(self) -> None:
         """Join the queue group (again) if there is room and we are not in it, and
@@ -117,19 +118,18 @@ class QueueIntake:
                     log.warning("could not rejoin the generation %s subject: %s", which, exc)
                     await asyncio.sleep(0.5)
                     continue
-                try:
-                    # Taking requests once nats-server routes them here (`sync`): a
-                    # request sent from elsewhere right after finds this member.
-                    await sync(self._nc, timeout=2)
-                except _SYNC_ERRORS as exc:
-                    # The subscription stands (nats-py replays it on reconnect).
-                    log.debug("generation %s subscription not confirmed: %s", which, exc)
                 if direct:
                     self._direct_sub = sub
                 else:
                     self._sub = sub
-                if self._stopping:  # stopped while we waited: nothing left to join
-                    self._leave(which)
+                try:
+                    # Joined once nats-server routes requests here (`sync`): a request
+                    # sent from elsewhere right after finds this member. Meanwhile the
+                    # membership is held, so filling up or stopping can leave it.
+                    await sync(self._nc, timeout=2)
+                except _SYNC_ERRORS as exc:
+                    # The subscription stands (nats-py replays it on reconnect).
+                    log.debug("generation %s subscription not confirmed: %s", which, exc)
         finally:
             self._set_joining(which, False)
         if self._held(which) is not None:
