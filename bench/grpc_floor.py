@@ -20,12 +20,24 @@ perf_analyzer``, from `scripts/install-perf-analyzer.sh`; ``cN`` loads only)::
 
     uv run python bench/grpc_floor.py --client perf_analyzer --load c16 \
         --delay-ms 0 5 --busy-us 0 300
+
+Other ways to run the same servicer (round 15): ``--front thread`` puts it
+behind a synchronous ``grpc.server`` (a thread pool) whose threads hand each
+call to the event loop and wait; ``--register infer|none`` gives grpc.aio
+fewer registered methods (the rest through its generic handler); ``--eager 1``
+sets ``asyncio.eager_task_factory`` on the loop, which needs Python 3.12+ for
+the server: ``--server-python`` names that interpreter (it needs grpcio,
+uvloop, numpy and ``libs/proto``)::
+
+    uv run python bench/grpc_floor.py --client perf_analyzer --load c16 c64 \
+        --delay-ms 5 --busy-us 0 100 --front aio thread --register all none
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -37,8 +49,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cpu_window import proc_cpu_s
-from perf_analyzer import default_binary, run_one
-from profile_stack import loadgen_argv
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -104,8 +114,29 @@ def serve() -> None:
                 pass
             await asyncio.sleep(0)
 
+    if os.environ.get("GRPC_FLOOR_FRONT") == "thread":
+        _serve_threaded(Bare(), delay_s, busy, pbg)
+        return
+
     async def main() -> None:
+        if os.environ.get("GRPC_FLOOR_EAGER") == "1":
+            # Python 3.12+: a new task runs at once up to its first wait.
+            factory = getattr(asyncio, "eager_task_factory", None)
+            if factory is None:
+                raise SystemExit(f"--eager 1 needs Python 3.12+ for the server, not {sys.version}")
+            asyncio.get_running_loop().set_task_factory(factory)
         server = grpc.aio.server(options=json.loads(os.environ.get("GRPC_FLOOR_OPTIONS", "[]")))
+        register = os.environ.get("GRPC_FLOOR_REGISTER", "all")
+        if register != "all":
+            add = server.add_registered_method_handlers
+
+            def some(service, handlers):
+                wanted = {"ModelInfer"} if register == "infer" else set()
+                keep = {k: v for k, v in handlers.items() if k in wanted}
+                if keep:
+                    add(service, keep)
+
+            setattr(server, "add_registered_method_handlers", some)  # noqa: B010
         pbg.add_GRPCInferenceServiceServicer_to_server(Bare(), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
@@ -117,6 +148,58 @@ def serve() -> None:
     uvloop.run(main())
 
 
+def _serve_threaded(bare, delay_s: float, busy, pbg) -> None:
+    """The same servicer behind a synchronous grpc.server (a thread pool), each call
+    handed to the event loop in the main thread and waited for there: grpc's own
+    thread accepts calls, so the loop's turns no longer pace the accepts."""
+    import concurrent.futures
+    import threading
+
+    import grpc
+    import uvloop
+
+    loop = uvloop.new_event_loop()
+
+    async def on_loop(request, context):
+        return await bare.ModelInfer(request, context)
+
+    class Threaded(pbg.GRPCInferenceServiceServicer):
+        def ModelInfer(self, request, context):
+            return asyncio.run_coroutine_threadsafe(on_loop(request, context), loop).result()
+
+    for name in (
+        "ModelConfig",
+        "ModelStatistics",
+        "ServerLive",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ServerReady",
+        "ModelReady",
+    ):
+        method = getattr(bare, name)
+        setattr(
+            Threaded,
+            name,
+            lambda self, request, context, method=method: asyncio.run_coroutine_threadsafe(
+                method(request, context), loop
+            ).result(),
+        )
+
+    workers = int(os.environ.get("GRPC_FLOOR_THREADS", "128"))
+    server = grpc.server(
+        concurrent.futures.ThreadPoolExecutor(max_workers=workers),
+        options=json.loads(os.environ.get("GRPC_FLOOR_OPTIONS", "[]")),
+    )
+    pbg.add_GRPCInferenceServiceServicer_to_server(Threaded(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    if float(os.environ.get("GRPC_FLOOR_BUSY_S", "0")):
+        loop.create_task(busy())
+    print(port, flush=True)
+    threading.Thread(target=server.wait_for_termination, daemon=True).start()
+    loop.run_forever()
+
+
 def measure(
     load: str,
     duration: float,
@@ -126,6 +209,10 @@ def measure(
     client: str = "loadgen",
     delay_s: float = 0.0,
     busy_s: float = 0.0,
+    front: str = "aio",
+    register: str = "all",
+    eager: bool = False,
+    python: str = "",
 ) -> dict:
     """One client run against a fresh bare server; req/s, busy cores, CPU µs/req.
 
@@ -137,9 +224,16 @@ def measure(
         "GRPC_FLOOR_OPTIONS": json.dumps(list(options)),
         "GRPC_FLOOR_DELAY_S": str(delay_s),
         "GRPC_FLOOR_BUSY_S": str(busy_s),
+        "GRPC_FLOOR_FRONT": front,
+        "GRPC_FLOOR_REGISTER": register,
+        "GRPC_FLOOR_EAGER": "1" if eager else "0",
     }
     server = subprocess.Popen(
-        [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True, cwd=REPO, env=env
+        [python or sys.executable, __file__, "--serve"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
     )
     try:
         port = server.stdout.readline().strip() if server.stdout else ""
@@ -147,6 +241,8 @@ def measure(
             raise RuntimeError("the bare server did not start")
         if client == "perf_analyzer":
             return _measure_perf_analyzer(server.pid, f"127.0.0.1:{port}", load, duration)
+        from profile_stack import loadgen_argv  # the stack's helpers: not needed to --serve
+
         loader = subprocess.Popen(
             loadgen_argv(f"127.0.0.1:{port}", "fraud", load, duration, warmup),
             stdout=subprocess.PIPE,
@@ -181,6 +277,8 @@ def _measure_perf_analyzer(pid: int, url: str, load: str, duration: float) -> di
     only, run by `bench/perf_analyzer.py`); CPU over its whole run."""
     if not load.startswith("c"):
         raise SystemExit(f"perf_analyzer runs closed loops only (cN), not {load!r}")
+    from perf_analyzer import default_binary, run_one
+
     windows = ("-x", "1", "-p", str(int(duration * 1000)), "-s", "20", "--max-trials", "6")
     c0, t0 = proc_cpu_s(pid), time.monotonic()
     row, _, _ = run_one(default_binary(), "grpc", url, "fraud", int(load[1:]), windows)
@@ -218,6 +316,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[0.0],
         help="slice(s) of a task that keeps the loop busy (0: none)",
     )
+    parser.add_argument(
+        "--front",
+        nargs="+",
+        choices=["aio", "thread"],
+        default=["aio"],
+        help="grpc.aio on the loop, or a threaded grpc.server handing calls to the loop",
+    )
+    parser.add_argument(
+        "--register",
+        nargs="+",
+        choices=["all", "infer", "none"],
+        default=["all"],
+        help="which methods grpc.aio gets as registered methods (the rest: generic handler)",
+    )
+    parser.add_argument(
+        "--eager",
+        type=int,
+        nargs="+",
+        choices=[0, 1],
+        default=[0],
+        help="1: the server's loop starts tasks eagerly (asyncio.eager_task_factory, Python 3.12+)",
+    )
+    parser.add_argument(
+        "--server-python",
+        default="",
+        help="the interpreter that runs the bare server (default: this one); it needs grpcio, "
+        "uvloop, numpy and inferbus_proto",
+    )
     args = parser.parse_args(argv)
     options = []
     for item in args.option:
@@ -228,7 +354,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     for load in args.load:
         for delay_ms in args.delay_ms:
-            for busy_us in args.busy_us:
+            for busy_us, front, register, eager in itertools.product(
+                args.busy_us, args.front, args.register, args.eager
+            ):
                 row = measure(
                     load,
                     args.duration,
@@ -237,8 +365,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     client=args.client,
                     delay_s=delay_ms / 1000.0,
                     busy_s=busy_us / 1e6,
+                    front=front,
+                    register=register,
+                    eager=bool(eager),
+                    python=args.server_python,
                 )
-                extra = {"client": args.client, "delay_ms": delay_ms, "busy_us": busy_us}
+                extra = {
+                    "client": args.client,
+                    "front": front,
+                    "register": register,
+                    "eager": eager,
+                    "delay_ms": delay_ms,
+                    "busy_us": busy_us,
+                }
                 print(json.dumps({**row, **extra, "options": dict(options)}), flush=True)
     return 0
 
