@@ -115,7 +115,7 @@ def serve() -> None:
             await asyncio.sleep(0)
 
     if os.environ.get("GRPC_FLOOR_FRONT") == "thread":
-        _serve_threaded(Bare(), delay_s, busy, pbg)
+        _serve_threaded(Bare(), busy_s, busy, pbg)
         return
 
     async def main() -> None:
@@ -148,7 +148,7 @@ def serve() -> None:
     uvloop.run(main())
 
 
-def _serve_threaded(bare, delay_s: float, busy, pbg) -> None:
+def _serve_threaded(bare, busy_s: float, busy, pbg) -> None:
     """The same servicer behind a synchronous grpc.server (a thread pool), each call
     handed to the event loop in the main thread and waited for there: grpc's own
     thread accepts calls, so the loop's turns no longer pace the accepts."""
@@ -160,14 +160,14 @@ def _serve_threaded(bare, delay_s: float, busy, pbg) -> None:
 
     loop = uvloop.new_event_loop()
 
-    async def on_loop(request, context):
-        return await bare.ModelInfer(request, context)
+    def on_loop(method):
+        def call(self, request, context):
+            return asyncio.run_coroutine_threadsafe(method(request, context), loop).result()
 
-    class Threaded(pbg.GRPCInferenceServiceServicer):
-        def ModelInfer(self, request, context):
-            return asyncio.run_coroutine_threadsafe(on_loop(request, context), loop).result()
+        return call
 
-    for name in (
+    methods = (
+        "ModelInfer",
         "ModelConfig",
         "ModelStatistics",
         "ServerLive",
@@ -175,25 +175,21 @@ def _serve_threaded(bare, delay_s: float, busy, pbg) -> None:
         "ModelMetadata",
         "ServerReady",
         "ModelReady",
-    ):
-        method = getattr(bare, name)
-        setattr(
-            Threaded,
-            name,
-            lambda self, request, context, method=method: asyncio.run_coroutine_threadsafe(
-                method(request, context), loop
-            ).result(),
-        )
-
+    )
+    threaded = type(
+        "Threaded",
+        (pbg.GRPCInferenceServiceServicer,),
+        {name: on_loop(getattr(bare, name)) for name in methods},
+    )
     workers = int(os.environ.get("GRPC_FLOOR_THREADS", "128"))
     server = grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=workers),
         options=json.loads(os.environ.get("GRPC_FLOOR_OPTIONS", "[]")),
     )
-    pbg.add_GRPCInferenceServiceServicer_to_server(Threaded(), server)
+    pbg.add_GRPCInferenceServiceServicer_to_server(threaded(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    if float(os.environ.get("GRPC_FLOOR_BUSY_S", "0")):
+    if busy_s:
         loop.create_task(busy())
     print(port, flush=True)
     threading.Thread(target=server.wait_for_termination, daemon=True).start()
@@ -217,7 +213,9 @@ def measure(
     """One client run against a fresh bare server; req/s, busy cores, CPU µs/req.
 
     `options` are grpc.aio server options (``grpc.http2.bdp_probe`` and the like);
-    `delay_s` the handler's wait, `busy_s` the busy task's slice (0: none).
+    `delay_s` the handler's wait, `busy_s` the busy task's slice (0: none); `front`,
+    `register`, `eager` as ``--front``, ``--register``, ``--eager``; `python` the
+    server's interpreter (empty: this one).
     """
     env = {
         **os.environ,
@@ -345,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "uvloop, numpy and inferbus_proto",
     )
     args = parser.parse_args(argv)
+    if "thread" in args.front and (args.register != ["all"] or args.eager != [0]):
+        parser.error("--register and --eager apply to the grpc.aio front only")
     options = []
     for item in args.option:
         name, _, value = item.partition("=")
