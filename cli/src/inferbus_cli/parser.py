@@ -95,6 +95,8 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
         help="gateway processes sharing the HTTP and gRPC ports (SO_REUSEPORT): a number, "
         "or 'auto' = one per 4 CPU cores, at least 1, at most 8 (1)",
     )
+    edge_help = "also start inferbus-edge, a compiled gRPC front on --edge-port (8003)"
+    p.add_argument("--edge", action="store_true", help=edge_help)
     p.add_argument(
         "--gpus",
         help="one worker per GPU instead of --workers: 'all', or GPU indices or UUIDs "
@@ -119,6 +121,8 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
         ("--http-port", d.gateway_http, "gateway KServe V2 HTTP"),
         ("--grpc-port", d.gateway_grpc, "gateway KServe V2 gRPC"),
         ("--metrics-port", d.gateway_metrics, "gateway metrics"),
+        ("--edge-port", d.edge_grpc, "edge KServe V2 gRPC (with --edge)"),
+        ("--edge-metrics-port", d.edge_metrics, "edge metrics (with --edge)"),
         ("--nats-port", d.nats, "NATS clients (+1 per cluster node)"),
         ("--nats-monitor-port", d.nats_monitor, "NATS monitoring (+1 per cluster node)"),
         ("--nats-cluster-port", d.nats_cluster, "NATS cluster routes (+1 per node)"),

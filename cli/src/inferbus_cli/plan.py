@@ -43,6 +43,8 @@ class Ports:
     gateway_http: int = 8000
     gateway_grpc: int = 8001
     gateway_metrics: int = 8002
+    edge_grpc: int = 8003
+    edge_metrics: int = 8004
     router_metrics: int = 8012
     batcher_metrics: int = 8022
     worker_metrics: int = 8032
@@ -102,6 +104,9 @@ class UpOptions:
             (empty: the workers inherit the CLI's ``CUDA_VISIBLE_DEVICES``).
         stack_id: this stack's id, given to the registry and the gateways (they
             refuse a CLI call that expects another stack) and kept in the state file.
+        edge: start ``inferbus-edge`` (services/edge) once the gateways are up: a
+            compiled gRPC front on ``ports.edge_grpc`` that carries unary calls to
+            the gateways over NATS (docs/architecture.md, "The gRPC edge").
     """
 
     home: Path
@@ -120,6 +125,7 @@ class UpOptions:
     nats_cluster: int = 1
     gpus: tuple[str, ...] = ()
     stack_id: str = ""
+    edge: bool = False
 
     @property
     def nats_names(self) -> list[str]:
@@ -193,6 +199,8 @@ def process_stages(options: UpOptions, *, with_redis: bool) -> list[list[str]]:
     if options.gateways > 1:
         # The others join the first one's ports once it is up (and has them).
         stages.append([f"gateway-{i + 1}" for i in range(1, options.gateways)])
+    if options.edge:
+        stages.append(["edge"])
     return stages
 
 
@@ -224,6 +232,11 @@ def port_claims(options: UpOptions, *, with_redis: bool) -> list[PortClaim]:
     ]
     if with_redis:
         claims.append(PortClaim(p.redis, "Redis", "--redis-port"))
+    if options.edge:
+        claims += [
+            PortClaim(p.edge_grpc, "edge gRPC", "--edge-port"),
+            PortClaim(p.edge_metrics, "edge metrics", "--edge-metrics-port"),
+        ]
     if options.llm_python is not None:
         claims.append(PortClaim(p.llm_worker_metrics, "LLM worker metrics", "--no-llm"))
     return claims
@@ -235,6 +248,33 @@ def find_nats_server() -> str | None:
     if beside.is_file():
         return str(beside)
     return shutil.which("nats-server")
+
+
+def find_edge() -> str | None:
+    """The inferbus-edge binary: next to this Python (where scripts/build-edge.sh
+    puts it), else on PATH."""
+    beside = Path(sys.executable).parent / "inferbus-edge"
+    if beside.is_file():
+        return str(beside)
+    return shutil.which("inferbus-edge")
+
+
+def edge_spec(options: UpOptions, binary: str, endpoints: dict[str, str]) -> ProcessSpec:
+    """inferbus-edge: gRPC on ``ports.edge_grpc``, unary calls to the gateways over
+    NATS, streams and oversized requests proxied to the first gateway's gRPC port.
+    Configured like the Python services, by ``INFERBUS_EDGE_*`` variables."""
+    p = options.ports
+    ports_file = options.run_dir / "edge.json"
+    values: dict[str, str | int] = {
+        "NATS_URL": endpoints["nats"],
+        "HOST": "127.0.0.1",
+        "GRPC_PORT": p.edge_grpc,
+        "METRICS_PORT": p.edge_metrics,
+        "UPSTREAM": endpoints["gateway_grpc"],
+        "PORTS_FILE": str(ports_file),
+    }
+    env = {"INFERBUS_EDGE_" + key: str(value) for key, value in values.items()}
+    return ProcessSpec("edge", "service", [binary], env, options.logs_dir / "edge.log", ports_file)
 
 
 def find_redis_server() -> str | None:

@@ -28,6 +28,8 @@ from inferbus_cli import llm
 from inferbus_cli.plan import (
     ProcessSpec,
     UpOptions,
+    edge_spec,
+    find_edge,
     find_nats_server,
     find_redis_server,
     nats_node_spec,
@@ -326,6 +328,12 @@ class Stack:
                     "(no cluster-wide rate limits or quotas). Install it with: "
                     "sudo apt-get install -y redis-server"
                 )
+        if self.options.edge and find_edge() is None:
+            raise StartupError(
+                "edge",
+                "inferbus-edge not found next to this Python or on PATH: build it with "
+                "scripts/build-edge.sh --install-deps (Debian's Go toolchain)",
+            )
         check_ports_free(port_claims(self.options, with_redis=redis is not None))
         return nats, redis
 
@@ -354,6 +362,10 @@ class Stack:
                         assert redis_bin is not None
                         (self.options.home / "redis").mkdir(parents=True, exist_ok=True)
                         specs.append(redis_spec(self.options, redis_bin))
+                    elif name == "edge":
+                        edge_bin = find_edge()
+                        assert edge_bin is not None  # preflight checked
+                        specs.append(edge_spec(self.options, edge_bin, self.endpoints))
                     else:
                         specs.append(service_spec(self.options, name, self.endpoints))
                 self._start_stage(specs)
@@ -447,6 +459,9 @@ class Stack:
             ep["gateway_grpc"] = f"127.0.0.1:{ports['grpc']}"
             ep["gateway_http"] = f"http://127.0.0.1:{ports['http']}"
             ep["gateway_metrics"] = f"http://127.0.0.1:{ports['metrics']}/metrics"
+        elif name == "edge":
+            ep["edge_grpc"] = f"127.0.0.1:{ports['grpc']}"
+            ep["edge_metrics"] = f"http://127.0.0.1:{ports['metrics']}/metrics"
         elif "metrics" in ports:
             ep[f"{name}_metrics"] = f"http://127.0.0.1:{ports['metrics']}/metrics"
 

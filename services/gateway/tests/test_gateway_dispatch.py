@@ -265,7 +265,9 @@ async def test_a_subject_that_is_not_busy_never_waits(nats_client, dispatchers):
 
 async def test_a_busy_gateway_collects_requests_for_the_window(nats_client, dispatchers):
     batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
-    d = await dispatchers("gw-w", direct=True, bundle_window_s=0.4, busy=lambda: True)
+    d = await dispatchers(
+        "gw-w", direct=True, bundle_window_s=0.4, busy=lambda: True, bundle_release_on_reply=False
+    )
     plain = Route(model="fraud", stable="3")
     try:
         batcher.hold.clear()
@@ -282,6 +284,49 @@ async def test_a_busy_gateway_collects_requests_for_the_window(nats_client, disp
         assert 0.3 <= time.monotonic() - t0 < 5.0
         assert [len(b.requests) for b in batcher.bundles] == [1, 3]
         assert d.in_flight == 0
+    finally:
+        batcher.hold.set()
+        await batcher.stop()
+
+
+@pytest.mark.parametrize("release", [True, False])
+async def test_a_held_bundle_goes_when_a_reply_for_its_subject_comes_back(
+    nats_client, dispatchers, release
+):
+    """A reply bundle means an execution slot finished a batch: the bundle held
+    for that subject goes then, not at the end of its (here 60 s) window; with
+    `bundle_release_on_reply` off it keeps waiting for the window."""
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    d = await dispatchers(
+        f"gw-rel-{release}",
+        direct=True,
+        bundle_window_s=60.0,
+        busy=lambda: True,
+        bundle_release_on_reply=release,
+    )
+    plain = Route(model="fraud", stable="3")
+    try:
+        batcher.hold.clear()
+        first = asyncio.ensure_future(_call(d, plain, request_id="lead"))
+        await asyncio.sleep(0.02)
+        held = []
+        for i in range(3):  # loop turns apart, the first in flight: held
+            held.append(asyncio.ensure_future(_call(d, plain, request_id=f"h{i}")))
+            await asyncio.sleep(0.02)
+        assert [len(b.requests) for b in batcher.bundles] == [1]
+        batcher.hold.set()  # the lead's reply comes back
+        await asyncio.wait_for(first, 5)
+        if release:
+            await asyncio.wait_for(asyncio.gather(*held), 5)
+            assert [len(b.requests) for b in batcher.bundles] == [1, 3]
+            assert d.in_flight == 0
+        else:
+            await asyncio.sleep(0.3)
+            assert [len(b.requests) for b in batcher.bundles] == [1]
+            assert not any(c.done() for c in held)
+            for c in held:
+                c.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
     finally:
         batcher.hold.set()
         await batcher.stop()

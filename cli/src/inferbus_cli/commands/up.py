@@ -52,6 +52,8 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         "gateway_http": args.http_port,
         "gateway_grpc": args.grpc_port,
         "gateway_metrics": args.metrics_port,
+        "edge_grpc": args.edge_port,
+        "edge_metrics": args.edge_metrics_port,
         "router_metrics": args.router_metrics_port,
         "batcher_metrics": args.batcher_metrics_port,
         "worker_metrics": args.worker_metrics_port,
@@ -93,6 +95,7 @@ def options_from_args(args: argparse.Namespace) -> UpOptions:
         nats_cluster=args.nats_cluster,
         gpus=gpu_uuids,
         stack_id=uuid.uuid4().hex[:12],
+        edge=args.edge,
     )
 
 
@@ -117,6 +120,12 @@ def endpoint_lines(state: StackState) -> list[str]:
     ep = state.endpoints
     lines = [
         f"  KServe V2 gRPC : {ep.get('gateway_grpc', '-')}",
+    ]
+    if "edge_grpc" in ep:
+        lines.append(
+            f"                   {ep['edge_grpc']} (edge: unary calls over NATS to every gateway)"
+        )
+    lines += [
         f"  KServe V2 HTTP : {ep.get('gateway_http', '-')}/v2/models/<model>/infer",
         f"  OpenAI API     : {ep.get('gateway_http', '-')}/v1 (generative models)",
         f"  registry gRPC  : {ep.get('registry', '-')}",

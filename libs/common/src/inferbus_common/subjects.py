@@ -77,6 +77,11 @@ class Subjects:
         """Wildcard the router subscribes to for generative requests."""
         return f"{self.prefix}.genroute.*"
 
+    def edge_grpc(self) -> str:
+        """gRPC edge (``services/edge``) → gateways, queue group ``gateway``: one
+        unary KServe V2 call, request/reply (`inferbus_gateway.grpc_api.edge`)."""
+        return f"{self.prefix}.edge.grpc"
+
     def infer(self, model: str, version: str) -> str:
         """Router → batcher, one subject per model version (batcher queue group)."""
         return f"{self.prefix}.infer.{subject_token(model)}.{subject_token(version)}"

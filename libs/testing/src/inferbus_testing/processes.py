@@ -67,6 +67,8 @@ class ServiceProcess:
             separate vLLM environment's for the LLM worker.
         nice: added to the process' niceness (its children inherit it), for a
             service that would otherwise take the CPU the others need.
+        command: run this instead of ``python -m module`` (a compiled service such
+            as ``inferbus-edge``; `module` then only names it and its env prefix).
     """
 
     def __init__(
@@ -80,8 +82,10 @@ class ServiceProcess:
         name: str | None = None,
         python: str | None = None,
         nice: int = 0,
+        command: Sequence[str] | None = None,
     ) -> None:
         self.module = module
+        self.command = tuple(command) if command is not None else None
         self.nice = nice
         self.python = python or sys.executable
         self.name = name or module
@@ -163,7 +167,7 @@ class ServiceProcess:
         with self.log_path.open("ab") as log:
             # Own session: signals reach the service and its children, never pytest.
             self._proc = subprocess.Popen(
-                [self.python, "-m", self.module, *self.args],
+                [*(self.command or (self.python, "-m", self.module)), *self.args],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -28,6 +28,7 @@ from inferbus_gateway.dispatch.idempotency import IdempotencyCache
 from inferbus_gateway.dispatch.lazyload import LazyLoader
 from inferbus_gateway.dispatch.noworker import WorkerWatch
 from inferbus_gateway.generation import GenerationDispatcher, GenerationService
+from inferbus_gateway.grpc_api.edge import EdgeListener
 from inferbus_gateway.grpc_api.servicer import GRPCInferenceServicer
 from inferbus_gateway.grpc_api.tolerant import add_servicer_to_server
 from inferbus_gateway.observation.auditbatch import AuditBatches
@@ -124,6 +125,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                 bundle_max_requests=settings.bundle_max_requests,
                 bundle_busy_cpu=settings.bundle_busy_cpu,
                 bundle_per_slot=settings.bundle_per_slot,
+                bundle_release_on_reply=settings.bundle_release_on_reply,
                 fast_lane=settings.fast_lane,
                 fast_lane_retry_s=settings.fast_lane_retry_s,
                 fast_lane_max_in_flight=settings.fast_lane_max_in_flight,
@@ -204,16 +206,17 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                 ]
             )
             classifier = Classifier(catalog, repository.read_file)
-            add_servicer_to_server(
-                GRPCInferenceServicer(
-                    service,
-                    access_log=settings.access_log,
-                    repository=repository,
-                    classifier=classifier,
-                    generation=generation,
-                    stream_max_in_flight=settings.stream_max_in_flight,
-                ),
-                server,
+            servicer = GRPCInferenceServicer(
+                service,
+                access_log=settings.access_log,
+                repository=repository,
+                classifier=classifier,
+                generation=generation,
+                stream_max_in_flight=settings.stream_max_in_flight,
+            )
+            add_servicer_to_server(servicer, server)
+            edge = EdgeListener(
+                nc, subjects.edge_grpc(), servicer, max_in_flight=settings.edge_max_in_flight
             )
             grpc_addr = f"{settings.host}:{settings.grpc_port}"
             credentials = _grpc_tls(settings)
@@ -222,6 +225,8 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
             else:
                 grpc_port = server.add_secure_port(grpc_addr, credentials)
             await server.start()
+            if settings.edge_calls:
+                await edge.start()
             http_sock = ops.bind_socket(settings.host, settings.http_port, reuse_port=shared)
             metrics_sock = ops.bind_socket(settings.host, settings.metrics_port)
             try:
@@ -255,7 +260,10 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                     await stop.wait()
                     log.info("gateway draining", extra={"status": "draining"})
                     http_server.should_exit = True
-                    await server.stop(settings.drain_timeout_s)
+                    await asyncio.gather(
+                        edge.stop(settings.drain_timeout_s),
+                        server.stop(settings.drain_timeout_s),
+                    )
             finally:
                 await service.close()
                 await dispatcher.stop()

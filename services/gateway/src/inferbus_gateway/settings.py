@@ -79,6 +79,12 @@ class GatewaySettings(ServiceSettings):
     stream_max_in_flight: int = Field(default=256, ge=1)
     """Requests of one ModelStreamInfer stream being served at once; the stream is
     read no further until one finishes (gRPC flow control then holds the client)."""
+    edge_calls: bool = True
+    """Answer the unary KServe V2 calls that the gRPC edge (``inferbus-edge``,
+    services/edge) carries over NATS on ``<prefix>.edge.grpc`` (queue group
+    ``gateway``). Costs nothing while no edge runs."""
+    edge_max_in_flight: int = Field(default=1024, ge=1)
+    """Edge calls this process serves at once; more wait on the bus."""
     system_shared_memory: bool = True
     """Serve Triton's system shared-memory extension: clients on this host may name
     POSIX shared-memory regions (``/dev/shm``) for tensors. False refuses to register
@@ -168,6 +174,10 @@ class GatewaySettings(ServiceSettings):
     are in flight here, since they queue downstream anyway: it is sent after
     ``bundle_window_us`` (or when full). 0: only the CPU rule (``bundle_busy_cpu``)
     makes bundles wait."""
+    bundle_release_on_reply: bool = True
+    """A held bundle (``bundle_busy_cpu``, ``bundle_per_slot``) goes as soon as a reply
+    bundle for the same subject comes back, that is when an execution slot finishes a
+    batch, instead of at the end of ``bundle_window_us``. False: always the window."""
     bundle_window_us: int = Field(default=6000, ge=0, le=1_000_000)
     """How long a bundle collects requests at most while CPU is short
     (``bundle_busy_cpu``) or requests queue downstream (``bundle_per_slot``)."""

@@ -61,6 +61,7 @@ from inferbus_gateway.dispatch.metrics import (
     DUPLICATE_REPLIES,
     HELD_BUNDLES,
     IN_FLIGHT,
+    RELEASED_BUNDLES,
     REPLY_BUNDLES,
 )
 from inferbus_gateway.dispatch.plain import plain_version
@@ -153,6 +154,7 @@ class Dispatcher:
         busy: Callable[[], bool] | None = None,
         bundle_busy_cpu: float = 0.9,
         bundle_per_slot: int = 0,
+        bundle_release_on_reply: bool = True,
         fast_lane: bool = False,
         fast_lane_retry_s: float = 0.5,
         fast_lane_max_in_flight: int = 1,
@@ -173,6 +175,7 @@ class Dispatcher:
         self._busy = busy
         self._slots = SlotCount(slots) if slots is not None else None
         self._per_slot = bundle_per_slot if self._slots is not None else 0
+        self._release_on_reply = bundle_release_on_reply
         self._by_key: dict[str, int] = {}
         """Requests in flight here per subject (sent or in an open bundle)."""
         self._nc = nc
@@ -269,11 +272,13 @@ class Dispatcher:
         REPLY_BUNDLES.inc()
         shared = h.parse_timings(bundle.timings)
         pending = self._pending
+        key = ""
         for r in bundle.replies:
             waiting = pending.pop(r.token, None)
             if waiting is None or waiting.fut.done():
                 DUPLICATE_REPLIES.inc()
                 continue
+            key = waiting.key
             timings = {"queue": r.queue_ms, **shared} if bundle.batch_rows else dict(shared)
             waiting.fut.set_result(
                 Reply(
@@ -286,6 +291,16 @@ class Dispatcher:
                     r.frame,
                 )
             )
+
+        # A reply bundle means an execution slot of that subject's version has
+        # finished a batch: a bundle held because requests queue there (or CPU is
+        # short) goes now, so the slot's next batch is on its way while its
+        # reply is read; the window only caps the wait when no reply comes.
+        if key and self._release_on_reply:
+            held = self._open.get(key)
+            if held is not None and held.timer is not None:
+                RELEASED_BUNDLES.inc()
+                self._flush(key, held)
 
     def _on_bundle_no_responders(self, suffix: str, msg: Msg) -> None:
         """nats-server's "no responders" for a bundle: fail its still-waiting calls now."""

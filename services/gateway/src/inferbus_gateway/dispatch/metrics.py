@@ -25,6 +25,11 @@ HELD_BUNDLES = LoopCounter(
     "Bundles that collected requests for the bundle window (CPU was short), as opposed "
     "to going at the end of the loop turn that opened them.",
 )
+RELEASED_BUNDLES = LoopCounter(
+    "inferbus_gateway_released_bundles_total",
+    "Held bundles sent before their window ended because a reply bundle for the same "
+    "subject came back (an execution slot finished a batch).",
+)
 IN_FLIGHT = LoopGauge(
     "inferbus_gateway_dispatch_in_flight",
     "Requests sent into the platform (or waiting in an open bundle) and not answered yet.",

@@ -63,16 +63,31 @@ def _guarded(
     return handler
 
 
+def _methods() -> Any:
+    return pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name.items()
+
+
+def unary_methods(
+    servicer: Any,
+) -> dict[str, tuple[Callable[[bytes], Any], Callable[[Any, Any], Awaitable[Any]]]]:
+    """Each unary method of `SERVICE` by name: its tolerant request parser and the
+    servicer's handler, guarded so an undecodable request is INVALID_ARGUMENT."""
+    return {
+        name: (_tolerant(getattr(pb, method.input_type.name)), _guarded(getattr(servicer, name)))
+        for name, method in _methods()
+        if not (method.client_streaming or method.server_streaming)
+    }
+
+
 def add_servicer_to_server(servicer: Any, server: grpc.aio.Server) -> None:
     """Register every method of `SERVICE` on `server`, answering undecodable requests
     INVALID_ARGUMENT (a drop-in for the generated ``add_..._to_server``)."""
     handlers = {}
-    for name, method in pb.DESCRIPTOR.services_by_name[
-        "GRPCInferenceService"
-    ].methods_by_name.items():
+    unary = unary_methods(servicer)
+    for name, method in _methods():
         request_cls = getattr(pb, method.input_type.name)
         response_cls = getattr(pb, method.output_type.name)
-        if method.client_streaming and method.server_streaming:
+        if name not in unary:
             # Stream items that do not parse reach the handler as `Undecodable`
             # and are answered with an error message on the stream.
             handlers[name] = grpc.stream_stream_rpc_method_handler(
@@ -81,9 +96,10 @@ def add_servicer_to_server(servicer: Any, server: grpc.aio.Server) -> None:
                 response_serializer=response_cls.SerializeToString,
             )
             continue
+        deserialize, handler = unary[name]
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            _guarded(getattr(servicer, name)),
-            request_deserializer=_tolerant(request_cls),
+            handler,
+            request_deserializer=deserialize,
             response_serializer=response_cls.SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	nats "github.com/nats-io/nats.go"
+	"google.golang.org/grpc/codes"
+)
+
+type callKey struct {
+	method string
+	code   codes.Code
+}
+
+// stats counts the calls carried over the bus, for /metrics.
+type stats struct {
+	mu      sync.Mutex
+	calls   map[callKey]uint64
+	seconds map[string]float64
+}
+
+func newStats() *stats {
+	return &stats{calls: map[callKey]uint64{}, seconds: map[string]float64{}}
+}
+
+func (s *stats) observe(method string, code codes.Code, took time.Duration) {
+	name := strings.TrimPrefix(method, service)
+	s.mu.Lock()
+	s.calls[callKey{name, code}]++
+	s.seconds[name] += took.Seconds()
+	s.mu.Unlock()
+}
+
+// render writes the Prometheus text exposition of the counters.
+func (s *stats) render() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var b strings.Builder
+	b.WriteString("# HELP inferbus_edge_requests_total Calls the edge carried over NATS, by method and gRPC status.\n")
+	b.WriteString("# TYPE inferbus_edge_requests_total counter\n")
+	keys := make([]callKey, 0, len(s.calls))
+	for k := range s.calls {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].method != keys[j].method {
+			return keys[i].method < keys[j].method
+		}
+		return keys[i].code < keys[j].code
+	})
+	counts := map[string]uint64{}
+	for _, k := range keys {
+		fmt.Fprintf(&b, "inferbus_edge_requests_total{method=%q,code=%q} %d\n", k.method, k.code.String(), s.calls[k])
+		counts[k.method] += s.calls[k]
+	}
+	b.WriteString("# HELP inferbus_edge_request_seconds Time from a call's request read to its answer, over NATS.\n")
+	b.WriteString("# TYPE inferbus_edge_request_seconds summary\n")
+	methods := make([]string, 0, len(s.seconds))
+	for m := range s.seconds {
+		methods = append(methods, m)
+	}
+	sort.Strings(methods)
+	for _, m := range methods {
+		fmt.Fprintf(&b, "inferbus_edge_request_seconds_sum{method=%q} %g\n", m, s.seconds[m])
+		fmt.Fprintf(&b, "inferbus_edge_request_seconds_count{method=%q} %d\n", m, counts[m])
+	}
+	return b.String()
+}
+
+// serveMetrics serves /metrics on addr and returns the port it took.
+// /livez answers while the process runs; /readyz while its NATS connection is up.
+func serveMetrics(addr string, s *stats, nc *nats.Conn) (int, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return 0, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		_, _ = w.Write([]byte(s.render()))
+	})
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !nc.IsConnected() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("not connected to NATS\n"))
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	go func() { _ = http.Serve(lis, mux) }()
+	return lis.Addr().(*net.TCPAddr).Port, nil
+}

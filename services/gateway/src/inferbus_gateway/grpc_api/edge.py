@@ -1,0 +1,188 @@
+"""Unary KServe V2 calls that the gRPC edge (``services/edge``) carries over NATS.
+
+The edge terminates gRPC outside Python and publishes each unary call of
+``inference.GRPCInferenceService`` as one NATS request on ``<prefix>.edge.grpc``
+(queue group ``gateway``): the request's protobuf bytes as the body, the method,
+deadline, peer and text metadata as headers. Here a gateway process decodes the
+body exactly as its own gRPC port does (`tolerant`: an undecodable request is
+INVALID_ARGUMENT), runs the same servicer method with an `EdgeContext` standing
+in for grpc.aio's, and replies with the response bytes, or with the status and
+trailing metadata in headers (the contract is in ``services/edge/main.go`` and
+docs/architecture.md).
+
+Why: grpc.aio accepts one call per method at a time, re-armed through the event
+loop, so a loop that also runs the pipeline and NATS caps one connection's call
+rate (bench/findings.md, rounds 14-15). NATS delivers many requests per read and
+spreads them over every gateway process of the queue group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from inferbus_gateway.grpc_api.tolerant import SERVICE, unary_methods
+
+log = logging.getLogger(__name__)
+
+METHOD = "Ib-Method"
+TIMEOUT_US = "Ib-Timeout-Us"
+PEER = "Ib-Peer"
+STATUS = "Ib-Status"
+MESSAGE = "Ib-Message"
+QUEUE = "gateway"
+
+
+class EdgeAbort(grpc.aio.AbortError):
+    """Raised by `EdgeContext.abort`, as grpc.aio's context raises AbortError."""
+
+
+class EdgeContext:
+    """The part of ``grpc.aio.ServicerContext`` the servicer uses, for a call that
+    came over the edge.
+
+    Args:
+        metadata: the call's text metadata (lowercase keys).
+        timeout_s: the client's remaining deadline when the edge sent it (None: none).
+        peer: the client's address as the edge saw it.
+    """
+
+    def __init__(self, metadata: dict[str, str], timeout_s: float | None, peer: str) -> None:
+        self._metadata = tuple(metadata.items())
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._peer = peer
+        self.code = grpc.StatusCode.OK
+        self.details = ""
+        self.trailers: tuple[tuple[str, str], ...] = ()
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The call's text metadata, as (key, value) pairs."""
+        return self._metadata
+
+    def time_remaining(self) -> float | None:
+        """Seconds left before the client's deadline (None: no deadline)."""
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - time.monotonic())
+
+    def peer(self) -> str:
+        """The client's address (``ipv4:host:port`` as grpc names it)."""
+        return self._peer
+
+    def set_trailing_metadata(self, metadata: Sequence[tuple[str, str]]) -> None:
+        """Trailing metadata sent with the answer (retry-after, inferbus-reason)."""
+        self.trailers = tuple(metadata)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        """End the call with a status: raises, as grpc.aio's abort does."""
+        self.code = code
+        self.details = details
+        raise EdgeAbort()
+
+
+Handler = Callable[[Any, EdgeContext], Awaitable[Any]]
+
+
+def _single_line(text: str) -> str:
+    """A header value: NATS headers end at a line break."""
+    return " ".join(text.splitlines())
+
+
+class EdgeListener:
+    """Serves the edge's calls on one gateway process.
+
+    Args:
+        nc: the gateway's NATS connection.
+        subject: ``Subjects.edge_grpc()``.
+        servicer: the gateway's `GRPCInferenceServicer` (each unary method is looked
+            up on it by name).
+        max_in_flight: calls served at once by this process; more wait in the
+            subscription (the edge's deadline still runs).
+    """
+
+    def __init__(self, nc: Client, subject: str, servicer: Any, *, max_in_flight: int) -> None:
+        self._nc = nc
+        self._subject = subject
+        self._methods: dict[str, tuple[Callable[[bytes], Any], Handler]] = {
+            f"/{SERVICE}/{name}": pair for name, pair in unary_methods(servicer).items()
+        }
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        """Join the queue group: from now on the edge may hand this process calls."""
+        self._sub = await self._nc.subscribe(
+            self._subject, queue=QUEUE, cb=self._on_msg, pending_msgs_limit=-1
+        )
+
+    async def stop(self, timeout_s: float) -> None:
+        """Leave the queue group, then let the calls already taken finish."""
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        await self._slots.acquire()
+        task = asyncio.get_running_loop().create_task(self._serve(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _serve(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        method = headers.get(METHOD, "")
+        context = EdgeContext(
+            {k: v for k, v in headers.items() if k.islower()},
+            _timeout_s(headers.get(TIMEOUT_US)),
+            headers.get(PEER, ""),
+        )
+        body = b""
+        found = self._methods.get(method)
+        try:
+            if found is None:
+                await context.abort(
+                    grpc.StatusCode.UNIMPLEMENTED,
+                    f"{method or 'a call without a method'} is not a unary method of {SERVICE}",
+                )
+            else:
+                deserialize, handler = found
+                response = await handler(deserialize(msg.data), context)
+                body = response.SerializeToString()
+        except grpc.aio.AbortError:
+            pass
+        except Exception:  # the servicer maps its own errors; this is a bug
+            log.exception("unhandled error serving an edge call of %s", method)
+            context.code, context.details = grpc.StatusCode.INTERNAL, "internal error"
+        if not msg.reply:
+            return
+        reply_headers = {k: _single_line(v) for k, v in context.trailers}
+        if context.code is not grpc.StatusCode.OK:
+            reply_headers[STATUS] = str(context.code.value[0])
+            reply_headers[MESSAGE] = _single_line(context.details)
+        try:
+            await self._nc.publish(msg.reply, body, headers=reply_headers or None)
+        except Exception as exc:  # the edge's wait then ends at the deadline
+            log.warning("could not answer an edge call of %s: %s", method, exc)
+
+
+def _timeout_s(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, int(value) / 1e6)
+    except ValueError:
+        return None
