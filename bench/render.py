@@ -382,15 +382,18 @@ def pa_verdicts(res: Results) -> list[tuple[str, str, int, bool | None]]:
     None where either side has no stable figure."""
     out: list[tuple[str, str, int, bool | None]] = []
     levels = sorted({k[2] for k in res.pa})
+    entries = [t for t in ("inferbus", "inferbus-edge") if any(k[0] == t for k in res.pa)]
     for model in dict.fromkeys(k[1] for k in res.pa):
-        for c in levels:
-            ib, tr = res.pa.get(("inferbus", model, c)), res.pa.get(("triton", model, c))
-            both = bool(ib and tr and ib.get("stable") and tr.get("stable"))
-            ratio_ok = ib["throughput"] >= tr["throughput"] if both and ib and tr else None
-            out.append((model, "infer/s ≥ 1.0× Triton's", c, ratio_ok))
-            if c == levels[-1]:
-                p99_ok = ib["p99_us"] <= tr["p99_us"] if both and ib and tr else None
-                out.append((model, "p99 ≤ Triton's", c, p99_ok))
+        for entry in entries:
+            via = " (through the edge)" if entry == "inferbus-edge" else ""
+            for c in levels:
+                ib, tr = res.pa.get((entry, model, c)), res.pa.get(("triton", model, c))
+                both = bool(ib and tr and ib.get("stable") and tr.get("stable"))
+                ratio_ok = ib["throughput"] >= tr["throughput"] if both and ib and tr else None
+                out.append((model, f"infer/s ≥ 1.0× Triton's{via}", c, ratio_ok))
+                if c == levels[-1]:
+                    p99_ok = ib["p99_us"] <= tr["p99_us"] if both and ib and tr else None
+                    out.append((model, f"p99 ≤ Triton's{via}", c, p99_ok))
     return out
 
 
@@ -412,18 +415,27 @@ def section_perf_analyzer(res: Results) -> list[str]:
         " model configuration extension, which perf_analyzer needs); the errors are in the"
         " results file.",
         "",
-        "| model | c | inferbus infer/s | Triton infer/s | inferbus / Triton | MLServer infer/s"
-        " | inferbus p50 / p99 ms | Triton p50 / p99 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "`edge`: the same stack through the gRPC edge (`inferbus-edge`, services/edge),"
+        " which carries each call to the gateway over NATS (docs/architecture.md).",
+        "",
+        "| model | c | inferbus infer/s | edge infer/s | Triton infer/s | inferbus / Triton"
+        " | edge / Triton | MLServer infer/s | inferbus p50 / p99 ms | edge p50 / p99 ms"
+        " | Triton p50 / p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
+        if a and b and a.get("stable") and b.get("stable") and b["throughput"]:
+            return f"**{a['throughput'] / b['throughput']:.2f}×**"
+        return "–"
+
     for model, c in sorted({(k[1], k[2]) for k in res.pa}):
         ib, tr, ml = (res.pa.get((t, model, c)) for t in TARGETS)
-        ratio = "–"
-        if ib and tr and ib.get("stable") and tr.get("stable") and tr["throughput"]:
-            ratio = f"**{ib['throughput'] / tr['throughput']:.2f}×**"
+        edge = res.pa.get(("inferbus-edge", model, c))
         lines.append(
-            f"| {model} | {c} | {_pa_cell(ib)} | {_pa_cell(tr)} | {ratio} | {_pa_cell(ml)}"
-            f" | {_pa_latency(ib)} | {_pa_latency(tr)} |"
+            f"| {model} | {c} | {_pa_cell(ib)} | {_pa_cell(edge)} | {_pa_cell(tr)}"
+            f" | {ratio(ib, tr)} | {ratio(edge, tr)} | {_pa_cell(ml)}"
+            f" | {_pa_latency(ib)} | {_pa_latency(edge)} | {_pa_latency(tr)} |"
         )
     lines += ["", "| issue 31 target | model | met? |", "|---|---|---|"]
     for model, what, c, met in pa_verdicts(res):

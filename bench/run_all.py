@@ -58,6 +58,7 @@ from record import BENCH_DIR, REPO, RESULTS_DIR, append_result, machine_info
 from render import Results, cpu_summary, load, summarize_collapsed, target_summary
 from stack import BenchStack
 
+from inferbus_testing.edge import edge_process, find_edge_binary
 from inferbus_testing.processes import ServiceError
 
 VENVS = BENCH_DIR / ".venvs"
@@ -466,6 +467,28 @@ def perf_analyzer_points(runner: Runner, target: str, url: str) -> None:
             )
 
 
+def edge_points(runner: Runner, stack: BenchStack, work: Path) -> None:
+    """perf_analyzer through the gRPC edge (services/edge) in front of the same
+    gateway: target ``inferbus-edge``. Recorded as an error when it is not built."""
+    if find_edge_binary() is None:
+        runner.record(
+            {
+                "kind": "error",
+                "target": "inferbus-edge",
+                "stage": "start",
+                "error": "inferbus-edge is not built: run scripts/build-edge.sh --install-deps",
+            }
+        )
+        return
+    edge = edge_process(stack.nats_url, stack.grpc_url, work / "edge")
+    try:
+        edge.start()
+        edge.wait_ready()
+        perf_analyzer_points(runner, "inferbus-edge", f"127.0.0.1:{edge.ports['grpc']}")
+    finally:
+        edge.cleanup()
+
+
 def platform_sampler(stack: BenchStack) -> WindowSampler:
     """CPU of every service but the registry (off the data path), and of nats-server."""
     groups = {name: pid for name, pid in stack.pids().items() if name != "registry"}
@@ -525,6 +548,7 @@ def bench_inferbus(runner: Runner, models: dict[str, Path], work: Path, profile:
         for name in HEAVY_VARIANTS:
             measured(name, 64)
         perf_analyzer_points(runner, "inferbus", stack.grpc_url)
+        edge_points(runner, stack, work)
         if profile:
             profile_services(stack, runner, work)
 

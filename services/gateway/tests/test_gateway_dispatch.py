@@ -742,3 +742,44 @@ async def test_a_nats_user_without_the_fast_lane_switches_it_off_at_the_first_re
             await worker.stop()
             await gw.close()
             await other.close()
+
+
+async def test_a_bundle_released_when_its_versions_slots_are_free_takes_the_fast_lane(
+    nats_client, dispatchers
+):
+    """Held while the version's one slot has this gateway's bundle; when that bundle
+    is answered nothing of this gateway is left there, so the held bundle of three
+    goes on the lane (the worker runs it as one micro-batch), not the batcher."""
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    worker = await FakeFastWorker(nats_client, SUBJECTS.fast("fraud", "3")).start()
+    d = await dispatchers(
+        "gw-lane-rel",
+        direct=True,
+        fast_lane=True,
+        bundle_window_s=60.0,
+        busy=lambda: False,
+        bundle_per_slot=1,
+        slots=lambda model, version: 1,
+    )
+    plain = Route(model="fraud", stable="3")
+    try:
+        worker.hold.clear()
+        lead = asyncio.ensure_future(_call(d, plain, request_id="lead"))
+        for _ in range(500):
+            if worker.seen:
+                break
+            await asyncio.sleep(0.01)
+        held = []
+        for i in range(3):  # loop turns apart: the slot has the lead's bundle
+            held.append(asyncio.ensure_future(_call(d, plain, request_id=f"h{i}")))
+            await asyncio.sleep(0.02)
+        assert [len(b.requests) for b in worker.bundles] == [1]
+        worker.hold.set()
+        await asyncio.wait_for(asyncio.gather(lead, *held), 5)
+        assert [len(b.requests) for b in worker.bundles] == [1, 3]
+        assert not batcher.seen
+        assert d.in_flight == 0
+    finally:
+        worker.hold.set()
+        await worker.stop()
+        await batcher.stop()

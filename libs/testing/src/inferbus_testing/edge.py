@@ -17,13 +17,16 @@ import pytest
 from inferbus_testing.processes import ServiceProcess
 
 
-def edge_binary() -> str:
-    """The inferbus-edge binary (beside this Python, else on PATH).
-
-    Skips the test when it is missing (fails it under CI=true).
-    """
+def find_edge_binary() -> str | None:
+    """The inferbus-edge binary (beside this Python, else on PATH), or None."""
     beside = Path(sys.executable).parent / "inferbus-edge"
-    found = str(beside) if beside.is_file() else shutil.which("inferbus-edge")
+    return str(beside) if beside.is_file() else shutil.which("inferbus-edge")
+
+
+def edge_binary() -> str:
+    """The inferbus-edge binary; skips the test when it is missing (fails it under
+    CI=true)."""
+    found = find_edge_binary()
     if found:
         return found
     reason = "inferbus-edge is not built: run scripts/build-edge.sh --install-deps"
@@ -48,7 +51,7 @@ def edge_process(
     return ServiceProcess(
         "inferbus_edge",
         name=name,
-        command=[edge_binary()],
+        command=[find_edge_binary() or edge_binary()],
         env={
             "INFERBUS_EDGE_NATS_URL": nats_url,
             "INFERBUS_EDGE_GRPC_PORT": "0",

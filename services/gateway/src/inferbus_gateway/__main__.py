@@ -126,6 +126,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                 bundle_busy_cpu=settings.bundle_busy_cpu,
                 bundle_per_slot=settings.bundle_per_slot,
                 bundle_release_on_reply=settings.bundle_release_on_reply,
+                bundle_hold_by=settings.bundle_hold_by,
                 fast_lane=settings.fast_lane,
                 fast_lane_retry_s=settings.fast_lane_retry_s,
                 fast_lane_max_in_flight=settings.fast_lane_max_in_flight,

@@ -169,11 +169,15 @@ class GatewaySettings(ServiceSettings):
     bundle holds what arrives in one event-loop turn and no request waits. 0: always
     collect; above 1: never."""
     bundle_per_slot: int = Field(default=2, ge=0)
-    """A new bundle on a plain route also collects requests while at least this many
-    requests per execution slot of its version (ready workers × ``instance_count``)
-    are in flight here, since they queue downstream anyway: it is sent after
-    ``bundle_window_us`` (or when full). 0: only the CPU rule (``bundle_busy_cpu``)
-    makes bundles wait."""
+    """A new bundle on a plain route also collects requests while this gateway has at
+    least this many sent bundles per execution slot of its version (ready workers ×
+    ``instance_count``) not yet answered: two keep each slot busy, one batch running
+    and one on the wire; more would only queue downstream. It goes when one of them
+    is answered (``bundle_release_on_reply``), after ``bundle_window_us`` at most, or
+    when full. 0: only the CPU rule (``bundle_busy_cpu``) makes bundles wait."""
+    bundle_hold_by: Literal["bundles", "requests"] = "bundles"
+    """What ``bundle_per_slot`` counts: sent bundles not yet answered, or (the rule
+    before round 16, for comparison) requests in flight here."""
     bundle_release_on_reply: bool = True
     """A held bundle (``bundle_busy_cpu``, ``bundle_per_slot``) goes as soon as a reply
     bundle for the same subject comes back, that is when an execution slot finishes a

@@ -1,7 +1,8 @@
-"""The fast lane of a `ModelRunner`: lone requests straight from a gateway over core NATS.
+"""The fast lane of a `ModelRunner`: requests straight from a gateway over core NATS.
 
 A gateway that sends a lone request on a plain route (a decided version, no
-shadow) publishes its request bundle to ``<prefix>.fast.<model>.<version>``
+shadow), or a bundle it held until a reply told it an execution slot had just
+finished a batch, publishes its request bundle to ``<prefix>.fast.<model>.<version>``
 (a core NATS queue group of the version's workers) instead of the batcher.
 A worker with a free execution slot runs it through the same code as a
 micro-batch (`ModelRunner._handle`) and answers with the normal reply
@@ -25,11 +26,12 @@ from typing import TYPE_CHECKING
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from inferbus_common.catalogrecords import DeployedVersion
 from inferbus_common.protocol import headers as h
 from inferbus_common.protocol.bundles import decode_request_bundle
 from inferbus_common.protocol.framing import FrameError
 from inferbus_common.protocol.microbatch import BatchEntry, MicroBatch
-from inferbus_common.protocol.tensors import decode_tensors
+from inferbus_common.protocol.tensors import batch_signature, decode_tensors, join_tensors
 from inferbus_worker.pullloop import NATS_ERRORS
 
 log = logging.getLogger(__name__)
@@ -71,32 +73,45 @@ class FastMsg:
             await self._nc.publish(self._reply, b"")
 
 
-def fast_batch(data: bytes) -> MicroBatch | None:
-    """The micro-batch of a fast-lane request bundle (one request); None when it is not
-    one (undecodable, or not exactly one request: the gateway then goes the normal way)."""
+def fast_batch(data: bytes, max_rows: int) -> MicroBatch | None:
+    """The micro-batch of a fast-lane request bundle; None when it cannot run as one
+    (undecodable; several requests whose tensors differ in names, datatypes or
+    non-batch dimensions, or hold more than `max_rows` rows, or a model that does not
+    batch, ``max_rows`` 0): the gateway then goes the normal way."""
     try:
         bundle = decode_request_bundle(data)
-        if len(bundle.requests) != 1:
-            return None
-        r = bundle.requests[0]
-        tensors = decode_tensors(r.frame)
+        per_request = [decode_tensors(r.frame) for r in bundle.requests]
     except FrameError:
         return None
-    env = r.envelope
-    rows = tensors[0].shape[0] if tensors and tensors[0].shape else 1
-    entry = BatchEntry(
-        env.request_id,
-        bundle.inbox,
-        env.deadline_ns,
-        h.now_ns(),
-        rows,
-        env.outputs,
-        env.traceparent,
-        r.mirror,
-        r.token,
-        r.mirror_token,
-    )
-    return MicroBatch([entry], tensors)
+    if not per_request:
+        return None
+    now = h.now_ns()
+    entries = []
+    total = 0
+    for r, tensors in zip(bundle.requests, per_request, strict=True):
+        env = r.envelope
+        rows = tensors[0].shape[0] if tensors and tensors[0].shape else 1
+        total += rows
+        entries.append(
+            BatchEntry(
+                env.request_id,
+                bundle.inbox,
+                env.deadline_ns,
+                now,
+                rows,
+                env.outputs,
+                env.traceparent,
+                r.mirror,
+                r.token,
+                r.mirror_token,
+            )
+        )
+    if len(entries) == 1:
+        return MicroBatch(entries, per_request[0])
+    signature = batch_signature(per_request[0])
+    if total > max_rows or any(batch_signature(t) != signature for t in per_request[1:]):
+        return None
+    return MicroBatch(entries, join_tensors(per_request))
 
 
 class FastLane:
@@ -107,6 +122,7 @@ class FastLane:
     _stopping: asyncio.Event
     _inflight: set[asyncio.Task[None]]
     _log_extra: dict[str, str]
+    deployed: DeployedVersion
 
     if TYPE_CHECKING:
 
@@ -118,7 +134,7 @@ class FastLane:
         reply = msg.reply or ""
         batch = None
         if self._free > 0 and not self._stopping.is_set():
-            batch = fast_batch(msg.data)
+            batch = fast_batch(msg.data, self.deployed.config.max_batch_size)
         if batch is None:
             if reply:
                 with contextlib.suppress(*NATS_ERRORS):

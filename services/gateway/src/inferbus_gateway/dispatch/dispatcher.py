@@ -95,6 +95,16 @@ class _Call:
     token: int = 0
     opened_ns: int = 0
     """Monotonic time the call joined its bundle."""
+    sent: _Sent | None = None
+    """The bundle it went in, until the call is settled (answered or ended)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Sent:
+    """A sent bundle of one subject, counted until its last call is settled."""
+
+    key: str
+    left: int
 
 
 @dataclass(slots=True, eq=False)
@@ -155,6 +165,7 @@ class Dispatcher:
         bundle_busy_cpu: float = 0.9,
         bundle_per_slot: int = 0,
         bundle_release_on_reply: bool = True,
+        bundle_hold_by: str = "bundles",
         fast_lane: bool = False,
         fast_lane_retry_s: float = 0.5,
         fast_lane_max_in_flight: int = 1,
@@ -178,6 +189,9 @@ class Dispatcher:
         self._release_on_reply = bundle_release_on_reply
         self._by_key: dict[str, int] = {}
         """Requests in flight here per subject (sent or in an open bundle)."""
+        self._hold_by_bundles = bundle_hold_by == "bundles"
+        self._sent_by_key: dict[str, int] = {}
+        """Bundles sent per subject with a call still unanswered."""
         self._nc = nc
         self._subjects = subjects
         self._inbox = subjects.reply_inbox(instance)
@@ -272,13 +286,14 @@ class Dispatcher:
         REPLY_BUNDLES.inc()
         shared = h.parse_timings(bundle.timings)
         pending = self._pending
-        key = ""
+        finished = ""
         for r in bundle.replies:
             waiting = pending.pop(r.token, None)
             if waiting is None or waiting.fut.done():
                 DUPLICATE_REPLIES.inc()
                 continue
-            key = waiting.key
+            if self._settle(waiting):
+                finished = waiting.key
             timings = {"queue": r.queue_ms, **shared} if bundle.batch_rows else dict(shared)
             waiting.fut.set_result(
                 Reply(
@@ -292,15 +307,18 @@ class Dispatcher:
                 )
             )
 
-        # A reply bundle means an execution slot of that subject's version has
-        # finished a batch: a bundle held because requests queue there (or CPU is
-        # short) goes now, so the slot's next batch is on its way while its
-        # reply is read; the window only caps the wait when no reply comes.
-        if key and self._release_on_reply:
-            held = self._open.get(key)
+        # A sent bundle fully answered means an execution slot of that subject's
+        # version finished a batch: a bundle held because the version's slots had
+        # their bundles (or CPU is short) goes now, so the next batch is on its way
+        # while this reply is read; the window only caps the wait when no reply
+        # comes. With none of this gateway's bundles left there, a worker is free:
+        # the bundle may take the fast lane.
+        if finished and self._release_on_reply:
+            held = self._open.get(finished)
             if held is not None and held.timer is not None:
                 RELEASED_BUNDLES.inc()
-                self._flush(key, held)
+                idle = self._sent_by_key.get(finished, 0) < max(1, self._slot_count(held))
+                self._flush(finished, held, released=idle)
 
     def _on_bundle_no_responders(self, suffix: str, msg: Msg) -> None:
         """nats-server's "no responders" for a bundle: fail its still-waiting calls now."""
@@ -484,17 +502,41 @@ class Dispatcher:
         return lead
 
     def _queued(self, key: str, model: str, version: str) -> bool:
-        """Whether `bundle_per_slot` or more requests per execution slot of
-        `version` are in flight here for `key` (plain routes only: a known version)."""
+        """Whether `version`'s execution slots have their share of this gateway's work
+        for `key` (plain routes only: a known version): `bundle_per_slot` sent bundles
+        per slot still unanswered (one running, one on the wire), or with
+        ``bundle_hold_by="requests"`` that many requests per slot in flight."""
         if not self._per_slot or not version:
             return False
         assert self._slots is not None
         slots = self._slots(model, version)
-        return 0 < slots * self._per_slot <= self._by_key.get(key, 0)
+        count = self._sent_by_key if self._hold_by_bundles else self._by_key
+        return 0 < slots * self._per_slot <= count.get(key, 0)
 
-    def _flush(self, key: str, bundle: _Bundle | None = None) -> None:
-        """Send the open bundle of `key` (only if it is `bundle`, when given) in a task."""
-        out = self._prepare(key, bundle)
+    def _slot_count(self, bundle: _Bundle) -> int:
+        return self._slots(bundle.model, bundle.version) if self._slots and bundle.version else 0
+
+    def _settle(self, call: _Call) -> bool:
+        """Count `call` as answered in its sent bundle; True when that was the
+        bundle's last unanswered call."""
+        sent = call.sent
+        if sent is None:
+            return False
+        call.sent = None
+        sent.left -= 1
+        if sent.left:
+            return False
+        left = self._sent_by_key[sent.key] - 1
+        if left:
+            self._sent_by_key[sent.key] = left
+        else:
+            del self._sent_by_key[sent.key]
+        return True
+
+    def _flush(self, key: str, bundle: _Bundle | None = None, *, released: bool = False) -> None:
+        """Send the open bundle of `key` (only if it is `bundle`, when given) in a task;
+        `released`: a reply bundle of `key` just came back (see `FastLane.route`)."""
+        out = self._prepare(key, bundle, released=released)
         if out is None:
             return
         task = asyncio.ensure_future(self._send(*out))
@@ -502,7 +544,7 @@ class Dispatcher:
         task.add_done_callback(self._sends.discard)
 
     def _prepare(
-        self, key: str, bundle: _Bundle | None = None
+        self, key: str, bundle: _Bundle | None = None, *, released: bool = False
     ) -> tuple[str, bytes, str, list[_Call]] | None:
         """Close the open bundle of `key`: tokens for its calls, its message.
 
@@ -523,7 +565,10 @@ class Dispatcher:
         first = self._next_token
         self._next_token += len(calls)
         now = time.monotonic_ns()
+        sent = _Sent(key, len(calls))
+        self._sent_by_key[key] = self._sent_by_key.get(key, 0) + 1
         for i, call in enumerate(calls):
+            call.sent = sent
             call.token = call.request.token = first + i
             # Time spent filling this bundle counts against the model's batching delay.
             call.request.held_ns = now - call.opened_ns
@@ -554,6 +599,7 @@ class Dispatcher:
             calls,
             first,
             self._waiting,
+            released,
         )
         if lane is not None:
             return lane
@@ -571,6 +617,7 @@ class Dispatcher:
 
     def _done(self, call: _Call) -> None:
         """A call ended (answered, timed out or cancelled): forget its token."""
+        self._settle(call)
         self._waiting -= 1
         IN_FLIGHT.value = self._waiting
         left = self._by_key[call.key] - 1

@@ -1,4 +1,4 @@
-"""The gateway's side of the fast lane: lone requests straight to an idle worker.
+"""The gateway's side of the fast lane: requests straight to an idle worker.
 
 A lone request on a plain route (a bundle of one, with at most
 `max_in_flight` requests in flight at the gateway) goes as its unchanged
@@ -9,7 +9,10 @@ through the normal reply bundle; a busy one answers ``busy`` there, and a
 running one sends empty keep-alives. The request is sent the normal way
 (batcher, JetStream) on ``busy``, on nats-server's "no responders", or after
 `retry_s` without an answer or a keep-alive (a dead worker); the first answer
-per token wins (`Dispatcher` drops later ones as duplicates).
+per token wins (`Dispatcher` drops later ones as duplicates). A bundle of
+several requests takes the lane too when the dispatcher released it because a
+reply bundle of its subject came back (an execution slot just finished): the
+worker runs it as one micro-batch, or answers ``busy`` when it cannot.
 
 When nats-server refuses the gateway's publishes on ``<prefix>.fast.>`` (a
 NATS permissions file from before the lane), every lane request would wait
@@ -121,11 +124,20 @@ class FastLane(Generic[C]):
         calls: list[C],
         first: int,
         in_flight: int,
+        released: bool = False,
     ) -> tuple[str, bytes, str, list[C]] | None:
-        """Where a bundle goes when it takes the lane (None: the normal way)."""
-        if not self.enabled or not version or len(calls) != 1:
+        """Where a bundle goes when it takes the lane (None: the normal way).
+
+        A lone request takes it within `max_in_flight` / `per_slot`; a bundle of
+        several only when `released`: it was held until a reply bundle said an
+        execution slot of its version had just finished, so a worker is free now.
+        """
+        if not self.enabled or not version:
             return None
-        if in_flight > self._max and in_flight > self._limit(model, version):
+        if len(calls) > 1:
+            if not released:
+                return None
+        elif in_flight > self._max and in_flight > self._limit(model, version):
             return None
         timer = asyncio.get_running_loop().call_later(self._retry_s, self._fallback, first)
         self._held[first] = (subject, payload, reply, calls, timer)
@@ -157,10 +169,12 @@ class FastLane(Generic[C]):
         self._fallback(token)
 
     def forget(self, token: int) -> None:
-        """A call ended: nothing to fall back for."""
+        """A call ended: once every call of its lane bundle (held under the bundle's
+        first token) has, nothing is left to fall back for."""
         if self._held:
-            entry = self._held.pop(token, None)
-            if entry is not None:
+            entry = self._held.get(token)
+            if entry is not None and all(c.fut.done() for c in entry[3]):
+                del self._held[token]
                 entry[4].cancel()
 
     def stop(self) -> None:
