@@ -42,7 +42,12 @@ step "starting the stack in $INFERBUS_HOME"
 if [[ -f "$INFERBUS_HOME/state.json" ]] && uv run inferbus status >/dev/null 2>&1; then
     echo "a healthy stack is already running from $INFERBUS_HOME; using it"
 else
-    uv run inferbus up -d "$@"
+    # The gRPC edge (services/edge) when scripts/bootstrap.sh built it.
+    edge=()
+    if [[ -x .venv/bin/inferbus-edge ]]; then
+        edge=(--edge)
+    fi
+    uv run inferbus up -d "${edge[@]}" "$@"
 fi
 
 step "building the example model (examples/fraud/make_model.py)"
@@ -65,10 +70,10 @@ for _ in 1 2 3; do
 done
 
 # Where to call: read back from state.json (ports may differ from the defaults).
-read -r grpc http metrics < <(uv run python - "$INFERBUS_HOME/state.json" <<'PY'
+read -r grpc http metrics edge_grpc < <(uv run python - "$INFERBUS_HOME/state.json" <<'PY'
 import json, sys
 ep = json.load(open(sys.argv[1]))["endpoints"]
-print(ep["gateway_grpc"], ep["gateway_http"], ep["gateway_metrics"])
+print(ep["gateway_grpc"], ep["gateway_http"], ep["gateway_metrics"], ep.get("edge_grpc", "-"))
 PY
 )
 zeros="$(printf '0.1,%.0s' $(seq 63))0.1"
@@ -78,6 +83,7 @@ cat <<MSG
 inferbus is running, with the model 'fraud' (version 1, alias stable).
 
   KServe V2 gRPC : $grpc   (e.g. uv run inferbus infer fraud --random 3)
+  gRPC edge      : $edge_grpc   (the same gRPC API, calls spread over every gateway; '-': not built)
   KServe V2 HTTP : $http/v2/models/fraud/infer
   metrics        : $metrics   (status: uv run inferbus status)
   logs           : $INFERBUS_HOME/logs

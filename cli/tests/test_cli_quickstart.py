@@ -51,6 +51,8 @@ def test_quickstart_serves_the_fraud_model(tmp_path: Path) -> None:
         assert run.stdout.count('"probabilities"') == 3
         assert state is not None
         assert f"{state.endpoints['gateway_http']}/v2/models/fraud/infer" in run.stdout
+        if (REPO / ".venv" / "bin" / "inferbus-edge").is_file():
+            assert f"gRPC edge      : {state.endpoints['edge_grpc']}" in run.stdout
         assert "curl" in run.stdout and "uv run inferbus down" in run.stdout
     finally:
         subprocess.run(

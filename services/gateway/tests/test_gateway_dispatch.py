@@ -289,19 +289,22 @@ async def test_a_busy_gateway_collects_requests_for_the_window(nats_client, disp
         await batcher.stop()
 
 
-@pytest.mark.parametrize("release", [True, False])
-async def test_a_held_bundle_goes_when_a_reply_for_its_subject_comes_back(
-    nats_client, dispatchers, release
+@pytest.mark.parametrize(("release", "cpu_short"), [(True, False), (False, False), (True, True)])
+async def test_a_held_bundle_goes_when_a_sent_bundle_of_its_subject_is_answered(
+    nats_client, dispatchers, release, cpu_short
 ):
-    """A reply bundle means an execution slot finished a batch: the bundle held
-    for that subject goes then, not at the end of its (here 60 s) window; with
-    `bundle_release_on_reply` off it keeps waiting for the window."""
+    """The version's one slot has this gateway's bundle, so the next requests are
+    held; when that bundle is answered the slot has finished a batch and the held
+    bundle goes then, not at the end of its (here 60 s) window. It keeps waiting
+    with `bundle_release_on_reply` off, and while CPU is short (fuller bundles)."""
     batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
     d = await dispatchers(
-        f"gw-rel-{release}",
+        f"gw-rel-{release}-{cpu_short}",
         direct=True,
         bundle_window_s=60.0,
-        busy=lambda: True,
+        busy=lambda: cpu_short,
+        bundle_per_slot=1,
+        slots=lambda model, version: 1,
         bundle_release_on_reply=release,
     )
     plain = Route(model="fraud", stable="3")
@@ -314,9 +317,9 @@ async def test_a_held_bundle_goes_when_a_reply_for_its_subject_comes_back(
             held.append(asyncio.ensure_future(_call(d, plain, request_id=f"h{i}")))
             await asyncio.sleep(0.02)
         assert [len(b.requests) for b in batcher.bundles] == [1]
-        batcher.hold.set()  # the lead's reply comes back
+        batcher.hold.set()  # the lead's bundle is answered
         await asyncio.wait_for(first, 5)
-        if release:
+        if release and not cpu_short:
             await asyncio.wait_for(asyncio.gather(*held), 5)
             assert [len(b.requests) for b in batcher.bundles] == [1, 3]
             assert d.in_flight == 0

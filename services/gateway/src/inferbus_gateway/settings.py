@@ -179,9 +179,10 @@ class GatewaySettings(ServiceSettings):
     """What ``bundle_per_slot`` counts: sent bundles not yet answered, or (the rule
     before round 16, for comparison) requests in flight here."""
     bundle_release_on_reply: bool = True
-    """A held bundle (``bundle_busy_cpu``, ``bundle_per_slot``) goes as soon as a reply
-    bundle for the same subject comes back, that is when an execution slot finishes a
-    batch, instead of at the end of ``bundle_window_us``. False: always the window."""
+    """A bundle held by ``bundle_per_slot`` goes as soon as one of this gateway's sent
+    bundles of the same subject is fully answered (an execution slot finished a batch),
+    unless CPU is short then (``bundle_busy_cpu``: fuller bundles help more), instead
+    of at the end of ``bundle_window_us``. False: always the window."""
     bundle_window_us: int = Field(default=6000, ge=0, le=1_000_000)
     """How long a bundle collects requests at most while CPU is short
     (``bundle_busy_cpu``) or requests queue downstream (``bundle_per_slot``)."""

@@ -309,11 +309,12 @@ class Dispatcher:
 
         # A sent bundle fully answered means an execution slot of that subject's
         # version finished a batch: a bundle held because the version's slots had
-        # their bundles (or CPU is short) goes now, so the next batch is on its way
-        # while this reply is read; the window only caps the wait when no reply
-        # comes. With none of this gateway's bundles left there, a worker is free:
-        # the bundle may take the fast lane.
-        if finished and self._release_on_reply:
+        # their bundles goes now, so the next batch is on its way while this reply
+        # is read; the window only caps the wait when no reply comes. Not while CPU
+        # is short: then fuller bundles (fewer messages) are what helps, and the
+        # window fills them. With none of this gateway's bundles left there, a
+        # worker is free: the bundle may take the fast lane.
+        if finished and self._release_on_reply and not self._busy():
             held = self._open.get(finished)
             if held is not None and held.timer is not None:
                 RELEASED_BUNDLES.inc()
