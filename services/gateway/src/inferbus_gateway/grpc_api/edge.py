@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -125,10 +126,19 @@ class EdgeListener:
         )
 
     async def stop(self, timeout_s: float) -> None:
-        """Leave the queue group, then let the calls already taken finish."""
+        """Leave the queue group, then let the calls already taken finish.
+
+        A drain, not an unsubscribe: calls nats-server routed here before it saw
+        the unsubscribe are still on the wire, and an unsubscribed client would
+        drop them (the edge would wait out their deadlines). The drain's
+        round trip takes them all in first.
+        """
         if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
+            sub, self._sub = self._sub, None
+            try:
+                await asyncio.wait_for(sub.drain(), timeout_s)
+            except (TimeoutError, nats.errors.Error) as exc:
+                log.warning("leaving the edge's queue group: %s", exc or type(exc).__name__)
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
 
