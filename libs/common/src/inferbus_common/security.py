@@ -123,7 +123,8 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
             f"$KV.{subjects.drift_bucket}.>",
             *audit_stream_api,
         ]
-        sub += [replies]
+        # Unary calls the gRPC edge (services/edge) carries over NATS.
+        sub += [replies, subjects.edge_grpc()]
     elif role == "router":
         pub += [f"{p}.infer.>", f"{p}.gen.>", replies]
         sub += [f"{p}.route.>", f"{p}.genroute.>", f"{p}.audit.>", f"{p}.reply.>"]

@@ -28,7 +28,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -36,7 +35,7 @@ from nats.aio.subscription import Subscription
 
 from inferbus_common.bus import body_limit, is_no_responders
 from inferbus_common.catalog import Route
-from inferbus_common.codec import Buffer, Tensor
+from inferbus_common.codec import Tensor
 from inferbus_common.errors import (
     DeadlineExceeded,
     InferbusError,
@@ -53,6 +52,7 @@ from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.framing import FrameError, parts_size
 from inferbus_common.protocol.tensors import tensor_frame_parts
 from inferbus_common.subjects import Subjects
+from inferbus_gateway.dispatch.calls import _Bundle, _Call, _expire, _no_responders, _Sent
 from inferbus_gateway.dispatch.cpuload import CpuLoad
 from inferbus_gateway.dispatch.fastlane import FastLane
 from inferbus_gateway.dispatch.metrics import (
@@ -70,55 +70,8 @@ from inferbus_gateway.dispatch.slots import SlotCount
 
 log = logging.getLogger(__name__)
 
-_NATS_SUBJECT = "Nats-Subject"
-
 _MAX_SUBJECTS = 1024
 """(model, pinned version) pairs whose subject is kept (beyond it they start over)."""
-
-
-def _expire(fut: asyncio.Future[Reply]) -> None:
-    """The deadline passed before the reply: wake the caller with a timeout."""
-    if not fut.done():
-        fut.set_exception(TimeoutError())
-
-
-@dataclass(slots=True, eq=False)
-class _Call:
-    """A request waiting in an open bundle, then for its reply."""
-
-    fut: asyncio.Future[Reply]
-    request: BundledRequest
-    """The request as it goes into the bundle (its envelope, token, held time, frame)."""
-    parts: list[Buffer]
-    key: str
-    size: int = 0
-    token: int = 0
-    opened_ns: int = 0
-    """Monotonic time the call joined its bundle."""
-    sent: _Sent | None = None
-    """The bundle it went in, until the call is settled (answered or ended)."""
-
-
-@dataclass(slots=True, eq=False)
-class _Sent:
-    """A sent bundle of one subject, counted until its last call is settled."""
-
-    key: str
-    left: int
-
-
-@dataclass(slots=True, eq=False)
-class _Bundle:
-    """Requests for one subject collected during a window."""
-
-    subject: str
-    model: str
-    version: str
-    calls: list[_Call] = field(default_factory=list)
-    nbytes: int = 0
-    rows: int = 0
-    max_rows: int = 0
-    timer: asyncio.Handle | None = None
 
 
 class Dispatcher:
@@ -629,19 +582,3 @@ class Dispatcher:
         if call.token:
             self._pending.pop(call.token, None)
             self._fast.forget(call.token)
-
-
-def _no_responders(msg: Msg) -> Unavailable:
-    """The error for nats-server's "no responders" on a request's subject."""
-    # Nobody subscribes to the route subject (every router is down or
-    # restarting), or, for a direct request, to the version's subject (no
-    # batcher). Nothing was computed: say so now instead of waiting out the deadline.
-    where = (msg.headers or {}).get(_NATS_SUBJECT, "")
-    if ".infer." in where:
-        return Unavailable(
-            "no batcher is serving this model version right now (restarting?); "
-            "nothing was computed, safe to retry"
-        )
-    return Unavailable(
-        "no router is serving requests right now (restarting?); nothing was computed, safe to retry"
-    )
