@@ -489,7 +489,8 @@ class Dispatcher:
 
     def _flush(self, key: str, bundle: _Bundle | None = None, *, released: bool = False) -> None:
         """Send the open bundle of `key` (only if it is `bundle`, when given) in a task;
-        `released`: a reply bundle of `key` just came back (see `FastLane.route`)."""
+        `released`: a held bundle sent because this gateway's last bundle at its version
+        was answered, so a slot is free (it may take the fast lane, `FastLane.route`)."""
         out = self._prepare(key, bundle, released=released)
         if out is None:
             return
