@@ -64,7 +64,9 @@ func (b *bridge) handle(_ interface{}, stream grpc.ServerStream) error {
 		return status.Error(codes.Internal, "edge: the call has no method name")
 	}
 	if streaming[method] || !strings.HasPrefix(method, service) {
-		return b.proxy(method, stream)
+		err := b.proxy(method, stream)
+		b.stats.proxied(method, status.Code(err))
+		return err
 	}
 	var req frame
 	if err := stream.RecvMsg(&req); err != nil {
@@ -72,7 +74,9 @@ func (b *bridge) handle(_ interface{}, stream grpc.ServerStream) error {
 	}
 	// Headers and the bus's own framing must fit under max_payload.
 	if int64(len(req.payload)) > b.nc.MaxPayload()-64*1024 {
-		return b.proxyUnary(method, stream, &req)
+		err := b.proxyUnary(method, stream, &req)
+		b.stats.proxied(method, status.Code(err))
+		return err
 	}
 	start := time.Now()
 	err := b.unary(method, stream, &req)
@@ -254,9 +258,9 @@ func (b *bridge) forward(method string, stream grpc.ServerStream, first *frame) 
 	}
 }
 
-func dialUpstream(target string, maxMessage int) (*grpc.ClientConn, error) {
+func dialUpstream(target string, maxMessage int, security grpc.DialOption) (*grpc.ClientConn, error) {
 	return grpc.Dial(target,
-		grpc.WithInsecure(),
+		security,
 		grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(maxMessage),
 			grpc.MaxCallSendMsgSize(maxMessage),

@@ -62,6 +62,9 @@ type options struct {
 	maxWait      time.Duration
 	drain        time.Duration
 	portsFile    string
+	profiling    bool
+	inboxPrefix  string
+	tls          tlsFiles
 }
 
 // env reads INFERBUS_EDGE_<name>, as the Python services read their settings.
@@ -101,6 +104,12 @@ func parseOptions() options {
 	flag.DurationVar(&o.maxWait, "max-wait", 300*time.Second, "longest wait for a gateway's answer to a call with no deadline")
 	flag.DurationVar(&o.drain, "drain", 10*time.Second, "on SIGTERM, how long in-flight calls may take")
 	flag.StringVar(&o.portsFile, "ports-file", env("PORTS_FILE", ""), "write {\"pid\", \"grpc\", \"metrics\"} here once serving (INFERBUS_EDGE_PORTS_FILE)")
+	flag.StringVar(&o.inboxPrefix, "nats-inbox-prefix", env("NATS_INBOX_PREFIX", ""), "prefix of the edge's reply inboxes; empty: _INBOX_<nats user> with a user (the secure stack's permissions), _INBOX without (INFERBUS_EDGE_NATS_INBOX_PREFIX)")
+	flag.StringVar(&o.tls.cert, "tls-cert-file", env("TLS_CERT_FILE", ""), "PEM certificate (chain); with -tls-key-file the gRPC port serves TLS only (INFERBUS_EDGE_TLS_CERT_FILE)")
+	flag.StringVar(&o.tls.key, "tls-key-file", env("TLS_KEY_FILE", ""), "PEM private key of -tls-cert-file (INFERBUS_EDGE_TLS_KEY_FILE)")
+	flag.StringVar(&o.tls.clientCA, "tls-client-ca-file", env("TLS_CLIENT_CA_FILE", ""), "PEM CA bundle; when set, clients must present a certificate it signed (INFERBUS_EDGE_TLS_CLIENT_CA_FILE)")
+	flag.StringVar(&o.tls.upstreamCA, "upstream-ca-file", env("UPSTREAM_CA_FILE", ""), "PEM CA bundle of the upstream gateway port's certificate; when set the edge dials it over TLS (INFERBUS_EDGE_UPSTREAM_CA_FILE)")
+	flag.BoolVar(&o.profiling, "pprof", env("PPROF", "") == "true", "serve Go's profiler under /debug/pprof/ on the metrics port (INFERBUS_EDGE_PPROF=true)")
 	flag.Parse()
 	return o
 }
@@ -116,6 +125,15 @@ func connectNATS(o options) (*nats.Conn, error) {
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Printf("edge: NATS reconnected to %s", nc.ConnectedUrl())
 		}),
+		// Asynchronous errors, a permissions violation among them: in the log, where
+		// an operator of a secured stack looks first.
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub != nil {
+				log.Printf("edge: NATS error on %s: %v", sub.Subject, err)
+				return
+			}
+			log.Printf("edge: NATS error: %v", err)
+		}),
 	}
 	if o.natsUser != "" {
 		password := ""
@@ -130,6 +148,15 @@ func connectNATS(o options) (*nats.Conn, error) {
 	}
 	if o.natsCreds != "" {
 		opts = append(opts, nats.UserCredentials(o.natsCreds))
+	}
+	// Each NATS user of a secured installation reads answers on its own inbox
+	// prefix (inferbus_common.security.inbox_prefix).
+	inbox := o.inboxPrefix
+	if inbox == "" && o.natsUser != "" {
+		inbox = "_INBOX_" + o.natsUser
+	}
+	if inbox != "" {
+		opts = append(opts, nats.CustomInboxPrefix(inbox))
 	}
 	return nats.Connect(o.natsURL, opts...)
 }
@@ -150,6 +177,18 @@ func main() {
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
 	o := parseOptions()
 
+	pair, err := o.tls.keyPair()
+	if err != nil {
+		log.Fatalf("edge: %v", err)
+	}
+	serverTLS, err := o.tls.serverOption(pair)
+	if err != nil {
+		log.Fatalf("edge: %v", err)
+	}
+	upstreamTLS, err := o.tls.upstreamOption(pair)
+	if err != nil {
+		log.Fatalf("edge: %v", err)
+	}
 	listen := net.JoinHostPort(o.host, strconv.Itoa(o.grpcPort))
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
@@ -163,21 +202,25 @@ func main() {
 	stats := newStats()
 	bridge := &bridge{nc: nc, subject: o.subject, maxWait: o.maxWait, stats: stats}
 	if o.upstream != "" {
-		bridge.upstream, err = dialUpstream(o.upstream, o.maxMessage)
+		bridge.upstream, err = dialUpstream(o.upstream, o.maxMessage, upstreamTLS)
 		if err != nil {
 			log.Fatalf("edge: upstream %s: %v", o.upstream, err)
 		}
 	}
-	server := grpc.NewServer(
+	serverOptions := []grpc.ServerOption{
 		grpc.CustomCodec(rawCodec{}),
 		grpc.UnknownServiceHandler(bridge.handle),
 		grpc.MaxRecvMsgSize(o.maxMessage),
 		grpc.MaxSendMsgSize(o.maxMessage),
-	)
+	}
+	if serverTLS != nil {
+		serverOptions = append(serverOptions, serverTLS)
+	}
+	server := grpc.NewServer(serverOptions...)
 	metricsPort := 0
 	if o.metricsPort >= 0 {
 		addr := net.JoinHostPort(o.host, strconv.Itoa(o.metricsPort))
-		metricsPort, err = serveMetrics(addr, stats, nc)
+		metricsPort, err = serveMetrics(addr, stats, nc, o.profiling)
 		if err != nil {
 			log.Fatalf("edge: metrics on %s: %v", addr, err)
 		}
@@ -186,8 +229,15 @@ func main() {
 	if err := writePortsFile(o.portsFile, grpcPort, metricsPort); err != nil {
 		log.Fatalf("edge: ports file: %v", err)
 	}
-	log.Printf("edge serving gRPC on %s, calls to NATS %q at %s, upstream %q",
-		lis.Addr(), o.subject, nc.ConnectedUrl(), o.upstream)
+	security := "plaintext"
+	if serverTLS != nil {
+		security = "TLS"
+		if o.tls.clientCA != "" {
+			security = "mutual TLS"
+		}
+	}
+	log.Printf("edge serving gRPC (%s) on %s, calls to NATS %q at %s, upstream %q",
+		security, lis.Addr(), o.subject, nc.ConnectedUrl(), o.upstream)
 
 	done := make(chan error, 1)
 	go func() { done <- server.Serve(lis) }()

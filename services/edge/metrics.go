@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -18,15 +19,39 @@ type callKey struct {
 	code   codes.Code
 }
 
-// stats counts the calls carried over the bus, for /metrics.
+// stats counts the calls carried over the bus and those proxied to the
+// upstream gateway port, for /metrics.
 type stats struct {
 	mu      sync.Mutex
 	calls   map[callKey]uint64
 	seconds map[string]float64
+	passed  map[callKey]uint64
 }
 
 func newStats() *stats {
-	return &stats{calls: map[callKey]uint64{}, seconds: map[string]float64{}}
+	return &stats{calls: map[callKey]uint64{}, seconds: map[string]float64{}, passed: map[callKey]uint64{}}
+}
+
+// proxied counts one call passed through to the upstream gateway port.
+func (s *stats) proxied(method string, code codes.Code) {
+	name := strings.TrimPrefix(method, service)
+	s.mu.Lock()
+	s.passed[callKey{name, code}]++
+	s.mu.Unlock()
+}
+
+func sortedKeys(m map[callKey]uint64) []callKey {
+	keys := make([]callKey, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].method != keys[j].method {
+			return keys[i].method < keys[j].method
+		}
+		return keys[i].code < keys[j].code
+	})
+	return keys
 }
 
 func (s *stats) observe(method string, code codes.Code, took time.Duration) {
@@ -44,18 +69,8 @@ func (s *stats) render() string {
 	var b strings.Builder
 	b.WriteString("# HELP inferbus_edge_requests_total Calls the edge carried over NATS, by method and gRPC status.\n")
 	b.WriteString("# TYPE inferbus_edge_requests_total counter\n")
-	keys := make([]callKey, 0, len(s.calls))
-	for k := range s.calls {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		if keys[i].method != keys[j].method {
-			return keys[i].method < keys[j].method
-		}
-		return keys[i].code < keys[j].code
-	})
 	counts := map[string]uint64{}
-	for _, k := range keys {
+	for _, k := range sortedKeys(s.calls) {
 		fmt.Fprintf(&b, "inferbus_edge_requests_total{method=%q,code=%q} %d\n", k.method, k.code.String(), s.calls[k])
 		counts[k.method] += s.calls[k]
 	}
@@ -70,12 +85,18 @@ func (s *stats) render() string {
 		fmt.Fprintf(&b, "inferbus_edge_request_seconds_sum{method=%q} %g\n", m, s.seconds[m])
 		fmt.Fprintf(&b, "inferbus_edge_request_seconds_count{method=%q} %d\n", m, counts[m])
 	}
+	b.WriteString("# HELP inferbus_edge_proxied_total Calls the edge passed to the upstream gateway port (streams, other services, requests past max_payload), by method and gRPC status.\n")
+	b.WriteString("# TYPE inferbus_edge_proxied_total counter\n")
+	for _, k := range sortedKeys(s.passed) {
+		fmt.Fprintf(&b, "inferbus_edge_proxied_total{method=%q,code=%q} %d\n", k.method, k.code.String(), s.passed[k])
+	}
 	return b.String()
 }
 
 // serveMetrics serves /metrics on addr and returns the port it took.
 // /livez answers while the process runs; /readyz while its NATS connection is up.
-func serveMetrics(addr string, s *stats, nc *nats.Conn) (int, error) {
+// With profiling on, Go's profiler is served under /debug/pprof/ as well.
+func serveMetrics(addr string, s *stats, nc *nats.Conn, profiling bool) (int, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return 0, err
@@ -96,6 +117,13 @@ func serveMetrics(addr string, s *stats, nc *nats.Conn) (int, error) {
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	go func() { _ = http.Serve(lis, mux) }()
 	return lis.Addr().(*net.TCPAddr).Port, nil
 }

@@ -142,6 +142,10 @@ def test_no_credentials_is_refused(secured) -> None:
         ("router", "ib.events.registry.fraud", "only the registry announces lifecycle events"),
         ("batcher", f"$JS.API.STREAM.DELETE.{SUBJECTS.batch_stream}", "no one deletes streams"),
         ("worker", f"$JS.API.STREAM.PURGE.KV_{SUBJECTS.routes_bucket}", "no route purges"),
+        ("edge", "ib.route.fraud", "the edge only asks the gateways' queue group"),
+        ("edge", "ib.fast.w-1", "the edge does not reach workers"),
+        ("edge", f"$KV.{SUBJECTS.routes_bucket}.fraud", "the edge writes no catalog"),
+        ("worker", "ib.edge.grpc", "only the edge sends gRPC calls to the gateways"),
     ],
 )
 async def test_publish_outside_permissions_is_refused(
@@ -164,6 +168,9 @@ async def test_publish_outside_permissions_is_refused(
         ("batcher", "ib.reply.>"),  # answers are for gateways only
         ("router", "_INBOX_registry.>"),  # another service's JetStream answers
         ("batcher", "ib.seq.>"),  # requests of sequences are for workers only
+        ("edge", "ib.edge.grpc"),  # the edge asks; only gateways take the calls
+        ("edge", "_INBOX_gateway.>"),
+        ("worker", "ib.edge.grpc"),  # calls carry tenants' credentials
     ],
 )
 async def test_subscribe_outside_permissions_is_refused(
@@ -187,6 +194,7 @@ async def test_subscribe_outside_permissions_is_refused(
         ("gateway", "ib.seq.w-1.acc.1"),  # a request of a sequence, to its worker
         ("gateway", "ib.seqwho.acc.1"),
         ("gateway", "ib.alive.w-1"),  # a liveness probe of a worker (noworker.py)
+        ("edge", "ib.edge.grpc"),  # a unary gRPC call, to the gateways' queue group
     ],
 )
 async def test_allowed_publish_is_delivered(secured, as_role, role: str, subject: str) -> None:

@@ -6,6 +6,7 @@ wrong credentials are refused, and no secret reaches a log."""
 from __future__ import annotations
 
 import asyncio
+import queue
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,9 @@ import redis.asyncio as aioredis
 import redis.exceptions
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
+from inferbus_testing.edge import edge_process
 from inferbus_testing.examples import make_fraud_model
 from inferbus_testing.processes import ServiceError, ServiceProcess
 from inferbus_testing.secure import SecureStack
@@ -132,6 +135,101 @@ def test_permissions_are_sufficient(stack: SecureStack) -> None:
         assert "permissions violation" not in text, f"{path.name}: {text[-2000:]}"
         # Gateways' liveness probes reach the workers (noworker.py).
         assert "liveness probes do not reach" not in text, f"{path.name}: {text[-2000:]}"
+
+
+def test_the_edge_serves_tls_as_its_own_nats_user(stack: SecureStack, tmp_path: Path) -> None:
+    """The compiled gRPC edge in a secured stack: TLS only on its port, the
+    `edge` NATS user (it may only ask the gateways and read its own inbox),
+    streams proxied to the gateway's TLS port."""
+    assert stack.nats is not None
+    key_file = stack.secrets_dir / "key.pem"
+    edge = edge_process(
+        stack.nats.url,
+        stack.grpc_url,
+        tmp_path,
+        NATS_USER="edge",
+        NATS_PASSWORD_FILE=str(stack.password_file("edge")),
+        TLS_CERT_FILE=str(stack.ca_file),
+        TLS_KEY_FILE=str(key_file),
+        UPSTREAM_CA_FILE=str(stack.ca_file),
+    )
+    edge.start()
+    try:
+        edge.wait_ready()
+        url = f"127.0.0.1:{edge.ports['grpc']}"
+        client = grpcclient.InferenceServerClient(
+            url, ssl=True, root_certificates=str(stack.ca_file)
+        )
+        inp = grpcclient.InferInput("input", [4, 64], "FP32")
+        inp.set_data_from_numpy(_x(4))
+        got = client.infer("fraud", [inp], client_timeout=20)
+        assert got.as_numpy("probabilities").shape[0] == 4
+        # The stream goes through to the gateway's own port, over TLS too.
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        client.async_stream_infer("fraud", [inp], request_id="tls-stream")
+        result, error = answers.get(timeout=20)
+        client.stop_stream()
+        client.close()
+        assert error is None, error
+        assert result.as_numpy("probabilities").shape[0] == 4
+
+        channel = grpc.insecure_channel(url)
+        with pytest.raises(grpc.FutureTimeoutError):
+            grpc.channel_ready_future(channel).result(timeout=2)
+        channel.close()
+
+        metrics = stack.metrics(edge)
+        assert metrics["inferbus_edge_requests_total{code=OK,method=ModelInfer}"] == 1
+        assert metrics["inferbus_edge_proxied_total{code=OK,method=ModelStreamInfer}"] == 1
+    finally:
+        edge.terminate(timeout=10)
+        edge.cleanup()
+    log = edge.log_path.read_text(errors="replace")
+    assert "serving gRPC (TLS)" in log, log
+    assert "permissions violation" not in log.lower(), log
+    assert stack.passwords["edge"] not in log
+    assert 'User "edge"' not in stack.nats.log_tail(400), "the broker refused the edge something"
+
+
+def test_the_edge_requires_client_certificates_with_a_client_ca(
+    stack: SecureStack, tmp_path: Path
+) -> None:
+    assert stack.nats is not None
+    edge = edge_process(
+        stack.nats.url,
+        "",
+        tmp_path,
+        NATS_USER="edge",
+        NATS_PASSWORD_FILE=str(stack.password_file("edge")),
+        TLS_CERT_FILE=str(stack.ca_file),
+        TLS_KEY_FILE=str(stack.secrets_dir / "key.pem"),
+        TLS_CLIENT_CA_FILE=str(stack.ca_file),
+    )
+    edge.start()
+    try:
+        edge.wait_ready()
+        url = f"127.0.0.1:{edge.ports['grpc']}"
+        anonymous = grpcclient.InferenceServerClient(
+            url, ssl=True, root_certificates=str(stack.ca_file)
+        )
+        with pytest.raises(InferenceServerException):
+            anonymous.is_server_live(client_timeout=5)
+        anonymous.close()
+        # The test certificate is its own CA: it signs itself as a client's.
+        known = grpcclient.InferenceServerClient(
+            url,
+            ssl=True,
+            root_certificates=str(stack.ca_file),
+            private_key=str(stack.secrets_dir / "key.pem"),
+            certificate_chain=str(stack.ca_file),
+        )
+        assert known.is_model_ready("fraud", client_timeout=20)
+        known.close()
+    finally:
+        edge.terminate(timeout=10)
+        edge.cleanup()
+    assert "serving gRPC (mutual TLS)" in edge.log_path.read_text(errors="replace")
 
 
 async def test_stack_keeps_serving_after_refusals(stack: SecureStack) -> None:

@@ -25,8 +25,9 @@ from pathlib import Path
 
 from inferbus_common.subjects import Subjects
 
-ROLES = ("gateway", "router", "batcher", "worker", "llm", "registry", "admin")
-"""NATS users of an installation: one per service kind, plus ``admin`` (CLI, operators)."""
+ROLES = ("gateway", "router", "batcher", "worker", "llm", "registry", "edge", "admin")
+"""NATS users of an installation: one per service kind (``edge``: the compiled gRPC
+front, services/edge), plus ``admin`` (CLI, operators)."""
 
 SERVICE_ENV = {
     "gateway": "INFERBUS_GATEWAY_",
@@ -35,6 +36,7 @@ SERVICE_ENV = {
     "worker": "INFERBUS_WORKER_",
     "llm": "INFERBUS_LLM_",
     "registry": "INFERBUS_REGISTRY_",
+    "edge": "INFERBUS_EDGE_",
 }
 """Environment prefix of each service's settings."""
 
@@ -67,6 +69,10 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
     p = subjects.prefix
     if role == "admin":
         return Permissions(publish=[">"], subscribe=[">"])
+    if role == "edge":
+        # It only asks the gateways' queue group and reads their answers: no
+        # catalog, no stream, no other service's subjects.
+        return Permissions(publish=[subjects.edge_grpc()], subscribe=[f"{inbox_prefix(role)}.>"])
     buckets = [
         subjects.models_bucket,
         subjects.routes_bucket,
