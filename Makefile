@@ -29,8 +29,9 @@ UP_FLAGS   ?=
 
 # image name -> Dockerfile (and its SERVICE build argument). The five Python
 # services share one template, services/Dockerfile; the NVIDIA GPU worker and the
-# LLM worker (vLLM, its own virtualenv) have their own files.
-IMAGES := gateway router batcher registry worker worker-gpu worker-llm
+# LLM worker (vLLM, its own virtualenv) have their own files, as has the compiled
+# gRPC edge (Go).
+IMAGES := gateway router batcher registry worker worker-gpu worker-llm edge
 DOCKERFILE_gateway    := services/Dockerfile
 DOCKERFILE_router     := services/Dockerfile
 DOCKERFILE_batcher    := services/Dockerfile
@@ -38,6 +39,7 @@ DOCKERFILE_registry   := services/Dockerfile
 DOCKERFILE_worker     := services/Dockerfile
 DOCKERFILE_worker-gpu := services/worker-gpu/Dockerfile.gpu
 DOCKERFILE_worker-llm := services/worker-gpu/Dockerfile.llm
+DOCKERFILE_edge       := services/edge/Dockerfile
 SERVICE_gateway  := gateway
 SERVICE_router   := router
 SERVICE_batcher  := batcher

@@ -4,7 +4,8 @@
 #
 #   scripts/images.sh [options] [IMAGE...]
 #
-#   IMAGE            gateway router batcher registry worker (default: all five);
+#   IMAGE            gateway router batcher registry worker edge (default: all six;
+#                    edge is the compiled gRPC front, services/edge/Dockerfile);
 #                    with --local also nats redis s3 prometheus (the stand-ins of
 #                    compose/docker-compose.local.yml; default: all nine)
 #   --local          no registry to pull from: build the Debian base with
@@ -78,12 +79,13 @@ declare -A dockerfile=(
     [batcher]=services/Dockerfile
     [registry]=services/Dockerfile
     [worker]=services/Dockerfile
+    [edge]=services/edge/Dockerfile
     [nats]=compose/local/nats.Dockerfile
     [redis]=compose/local/redis.Dockerfile
     [s3]=compose/local/s3.Dockerfile
     [prometheus]=compose/local/prometheus.Dockerfile
 )
-services=(gateway router batcher registry worker)
+services=(gateway router batcher registry worker edge)
 # Image name -> the template's SERVICE (a directory under services/).
 declare -A service_dir=(
     [gateway]=gateway [router]=router [batcher]=batcher [registry]=registry [worker]=worker-gpu

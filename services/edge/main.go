@@ -33,9 +33,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/ioutil"
 	"log"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -65,6 +67,7 @@ type options struct {
 	profiling    bool
 	inboxPrefix  string
 	tls          tlsFiles
+	probe        string
 }
 
 // env reads INFERBUS_EDGE_<name>, as the Python services read their settings.
@@ -109,6 +112,7 @@ func parseOptions() options {
 	flag.StringVar(&o.tls.key, "tls-key-file", env("TLS_KEY_FILE", ""), "PEM private key of -tls-cert-file (INFERBUS_EDGE_TLS_KEY_FILE)")
 	flag.StringVar(&o.tls.clientCA, "tls-client-ca-file", env("TLS_CLIENT_CA_FILE", ""), "PEM CA bundle; when set, clients must present a certificate it signed (INFERBUS_EDGE_TLS_CLIENT_CA_FILE)")
 	flag.StringVar(&o.tls.upstreamCA, "upstream-ca-file", env("UPSTREAM_CA_FILE", ""), "PEM CA bundle of the upstream gateway port's certificate; when set the edge dials it over TLS (INFERBUS_EDGE_UPSTREAM_CA_FILE)")
+	flag.StringVar(&o.probe, "probe", "", "check URL (e.g. http://127.0.0.1:8004/readyz) and exit: 0 when it answers 200 (a container's health check; the image has no curl)")
 	flag.BoolVar(&o.profiling, "pprof", env("PPROF", "") == "true", "serve Go's profiler under /debug/pprof/ on the metrics port (INFERBUS_EDGE_PPROF=true)")
 	flag.Parse()
 	return o
@@ -161,6 +165,23 @@ func connectNATS(o options) (*nats.Conn, error) {
 	return nats.Connect(o.natsURL, opts...)
 }
 
+// probe: 0 when url answers 200 within 3 s, else 1 with the reason on stderr.
+func probe(url string) int {
+	client := http.Client{Timeout: 3 * time.Second}
+	resp, err := client.Get(url)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "probe %s: %v\n", url, err)
+		return 1
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := ioutil.ReadAll(io.LimitReader(resp.Body, 512))
+		fmt.Fprintf(os.Stderr, "probe %s: %s %s\n", url, resp.Status, strings.TrimSpace(string(body)))
+		return 1
+	}
+	return 0
+}
+
 func writePortsFile(path string, grpcPort, metricsPort int) error {
 	if path == "" {
 		return nil
@@ -176,6 +197,9 @@ func writePortsFile(path string, grpcPort, metricsPort int) error {
 func main() {
 	log.SetFlags(log.LstdFlags | log.Lmicroseconds)
 	o := parseOptions()
+	if o.probe != "" {
+		os.Exit(probe(o.probe))
+	}
 
 	pair, err := o.tls.keyPair()
 	if err != nil {

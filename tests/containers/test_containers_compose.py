@@ -2,7 +2,8 @@
 Dockerfiles, `up` through scripts/compose.sh (the Compose v2 binary, and the
 healthcheck runner Podman lacks) under Podman with a three-node NATS cluster and
 two CPU workers, a push meant for another stack refused, a model pushed with the
-CLI through the published ports, correct predictions over gRPC and HTTP, the
+CLI through the published ports, correct predictions over gRPC and HTTP and
+through the compiled gRPC edge's container (a unary call and a stream), the
 CPU workers scaled 2 -> 1 -> 2 -> 1 under closed-loop load with the documented
 command (no request fails, no other container is recreated: same ids and
 creation times), a worker and the gateway killed (SIGKILL of their process)
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import secrets
 import signal
 import subprocess
@@ -60,11 +62,11 @@ REPO_NAME = "localhost/inferbus"
 """Image repository of the test images (fully qualified: no short-name lookup)."""
 BASE_IMAGE = "localhost/inferbus-base:bookworm"
 COMPOSE = REPO / "compose"
-IMAGES = ["gateway", "router", "batcher", "registry", "worker", "nats", "redis", "s3"]
+IMAGES = ["gateway", "router", "batcher", "registry", "worker", "edge", "nats", "redis", "s3"]
 """What the stack below needs (not the Prometheus stand-in)."""
 SERVICES = [
     "nats-1", "nats-2", "nats-3", "redis", "minio", "minio-init",
-    "registry", "router", "batcher", "worker-cpu", "gateway",
+    "registry", "router", "batcher", "worker-cpu", "gateway", "edge",
 ]  # fmt: skip
 """Started by `up`: the data path, the registry and what they need."""
 
@@ -84,6 +86,10 @@ services:
     ports: !override
       - "127.0.0.1::8000"
       - "127.0.0.1::8001"
+  edge:
+    ports: !override
+      - "127.0.0.1::8003"
+      - "127.0.0.1::8004"
 """
 
 
@@ -95,6 +101,8 @@ class ContainerStack:
     project: ComposeProject
     grpc_url: str
     http_url: str
+    edge_url: str
+    """The compiled gRPC edge's port (services/edge)."""
     registry_url: str
     nats_url: str
     model_dir: Path
@@ -211,6 +219,7 @@ def container_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contai
                 project=project,
                 grpc_url=f"127.0.0.1:{project.port('gateway', 8001)}",
                 http_url=f"127.0.0.1:{http_port}",
+                edge_url=f"127.0.0.1:{project.port('edge', 8003)}",
                 registry_url=f"127.0.0.1:{project.port('registry', 8070)}",
                 nats_url=f"nats://127.0.0.1:{project.port('nats-1', 4222)}",
                 model_dir=_model(base),
@@ -289,6 +298,26 @@ def test_pushed_model_answers_correctly_over_grpc_and_http(
         np.testing.assert_allclose(got, _reference(stack, x), rtol=1e-5, atol=1e-6)
     finally:
         grpc.close()
+    # The edge container: unary calls over NATS to the gateway, a stream through
+    # to the gateway's own port; same answers.
+    edge = grpcclient.InferenceServerClient(stack.edge_url)
+    try:
+        x = np.random.default_rng(4).standard_normal((5, FEATURES)).astype(np.float32)
+        inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        got = edge.infer(MODEL, [inp], client_timeout=30).as_numpy("probabilities")
+        np.testing.assert_allclose(got, _reference(stack, x), rtol=1e-5, atol=1e-6)
+        answers: queue.Queue = queue.Queue()
+        edge.start_stream(callback=lambda result, error: answers.put((result, error)))
+        edge.async_stream_infer(MODEL, [inp], request_id="edge-stream")
+        result, error = answers.get(timeout=30)
+        edge.stop_stream()
+        assert error is None, error
+        np.testing.assert_allclose(
+            result.as_numpy("probabilities"), _reference(stack, x), rtol=1e-5, atol=1e-6
+        )
+    finally:
+        edge.close()
     http = httpclient.InferenceServerClient(stack.http_url)
     try:
         x = np.random.default_rng(2).standard_normal((3, FEATURES)).astype(np.float32)
@@ -415,6 +444,11 @@ def test_no_container_of_the_data_path_runs_as_root(container_stack: ContainerSt
     for service in ("nats-1", "minio", "redis", "registry", "gateway", "worker-cpu"):
         name = stack.project.container_names(service)[0]
         uids[service] = stack.podman.podman("exec", name, "id", "-u", timeout=60).strip()
+    # The edge's image is its binary alone (no `id`): the uid of its process.
+    name = stack.project.container_names("edge")[0]
+    pid = int(stack.podman.podman("inspect", "-f", "{{.State.Pid}}", name).strip())
+    status = Path(f"/proc/{pid}/status").read_text()
+    uids["edge"] = next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Uid:"))
     assert "0" not in uids.values(), uids
 
 

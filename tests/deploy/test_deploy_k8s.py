@@ -128,9 +128,11 @@ def test_probes_hit_the_real_endpoints(render: Render, overlay: str) -> None:
         prefix = next(k for k in env if k.endswith("_METRICS_PORT")).removesuffix("METRICS_PORT")
         # The metrics port the process binds is the one the probes ask.
         assert ports["metrics"] == int(env[f"{prefix}METRICS_PORT"])
+        # The Go edge answers /livez (process up); the Python services /healthz.
+        alive = "/livez" if container["name"] == "edge" else "/healthz"
         for probe in ("livenessProbe", "startupProbe"):
             get = container[probe]["httpGet"]
-            assert (get["path"], get["port"]) == ("/healthz", "metrics"), deployment["metadata"]
+            assert (get["path"], get["port"]) == (alive, "metrics"), deployment["metadata"]
         ready = container["readinessProbe"]["httpGet"]
         if container["name"] == "gateway":
             assert ports["http"] == int(env["INFERBUS_GATEWAY_HTTP_PORT"])
@@ -139,14 +141,33 @@ def test_probes_hit_the_real_endpoints(render: Render, overlay: str) -> None:
             assert (ready["path"], ready["port"]) == ("/readyz", "metrics")
 
 
+def _pre_stop_seconds(container: Manifest) -> float:
+    """How long preStop waits: `exec: sleep N` or the kubelet's own `sleep` action."""
+    pre_stop = container["lifecycle"]["preStop"]
+    if "sleep" in pre_stop:
+        return float(pre_stop["sleep"]["seconds"])
+    command = pre_stop["exec"]["command"]
+    assert command[0] == "sleep", command
+    return float(command[1])
+
+
+def _drain_seconds(container: Manifest) -> float:
+    """The drain budget: *_DRAIN_TIMEOUT_S (Python services) or the edge's -drain flag."""
+    for key, value in _env(container).items():
+        if key.endswith("_DRAIN_TIMEOUT_S"):
+            return float(value)
+    (flag,) = [a for a in container.get("args", []) if a.startswith("-drain=")]
+    value = flag.removeprefix("-drain=")
+    assert value.endswith("s") and value[:-1].isdigit(), flag
+    return float(value[:-1])
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_grace_period_covers_prestop_and_drain(render: Render, overlay: str) -> None:
     for deployment, container in _containers(render(K8S / "overlays" / overlay)):
         pod = deployment["spec"]["template"]["spec"]
-        command = container["lifecycle"]["preStop"]["exec"]["command"]
-        assert command[0] == "sleep"
-        pre_stop = float(command[1])
-        drain = next(float(v) for k, v in _env(container).items() if k.endswith("_DRAIN_TIMEOUT_S"))
+        pre_stop = _pre_stop_seconds(container)
+        drain = _drain_seconds(container)
         # SIGTERM comes after preStop; the process then drains for up to `drain`.
         assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain + 5, deployment["metadata"]
 
@@ -304,3 +325,166 @@ def test_services_know_every_nats_node_and_keep_3_replicas(render: Render, overl
     urls = common["data"]["NATS_URL"].split(",")
     assert urls == [f"nats://nats-{i}.nats-headless.nats.svc.cluster.local:4222" for i in range(3)]
     assert common["data"]["JETSTREAM_REPLICAS"] == str(nodes)
+
+
+# ---------------------------------------------------------------- the gRPC edge
+
+EDGE_PORTS = {"grpc": 8003, "metrics": 8004}
+EDGE_PROBES = {"startupProbe": "/livez", "livenessProbe": "/livez", "readinessProbe": "/readyz"}
+
+
+def _named(docs: list[Manifest], kind: str) -> dict[str, Manifest]:
+    return {d["metadata"]["name"]: d for d in _of_kind(docs, kind)}
+
+
+def edge_problems(docs: list[Manifest]) -> list[str]:
+    """What is wrong with the gRPC edge (services/edge) in rendered manifests
+    that also hold the gateway (empty = nothing)."""
+    deployments, services = _named(docs, "Deployment"), _named(docs, "Service")
+    if "edge" not in deployments or "edge" not in services:
+        return ["no edge Deployment or no edge Service"]
+    problems = []
+    edge, gateway = deployments["edge"], deployments["gateway"]
+    pod, gateway_pod = edge["spec"]["template"]["spec"], gateway["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (gateway_container,) = gateway_pod["containers"]
+    env = _env(container)
+
+    # The image: the gateway's repository and tag, image name `edge`.
+    expected_image = gateway_container["image"].replace("/gateway:", "/edge:")
+    if container["image"] != expected_image:
+        problems.append(f"image {container['image']}, expected {expected_image}")
+
+    # Ports: the process binds what the container and the Service declare.
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    if ports != EDGE_PORTS:
+        problems.append(f"container ports {ports}")
+    for name, setting in (("grpc", "GRPC_PORT"), ("metrics", "METRICS_PORT")):
+        if env.get(f"INFERBUS_EDGE_{setting}") != str(ports.get(name)):
+            problems.append(f"INFERBUS_EDGE_{setting} is not the {name} port {ports.get(name)}")
+    if env.get("INFERBUS_EDGE_HOST") != "0.0.0.0":
+        problems.append(f"INFERBUS_EDGE_HOST={env.get('INFERBUS_EDGE_HOST')!r}: not reachable")
+    service = services["edge"]["spec"]
+    if not service["selector"].items() <= edge["spec"]["template"]["metadata"]["labels"].items():
+        problems.append("the edge Service does not select the edge pods")
+    service_ports = {p["name"]: (p["port"], p["targetPort"]) for p in service["ports"]}
+    if service_ports != {name: (port, name) for name, port in EDGE_PORTS.items()}:
+        problems.append(f"Service ports {service_ports}")
+    if any(p["name"] == "grpc" and p.get("appProtocol") != "grpc" for p in service["ports"]):
+        problems.append("the Service's grpc port has no appProtocol grpc")
+
+    # Health: /livez and /readyz (NATS connected), plain HTTP on the metrics port.
+    for probe, path in EDGE_PROBES.items():
+        get = container.get(probe, {}).get("httpGet", {})
+        asked = (get.get("path"), get.get("port"), get.get("scheme", "HTTP"))
+        if asked != (path, "metrics", "HTTP"):
+            problems.append(f"{probe} asks {get}, expected {path} on metrics")
+
+    # Scraped like the gateway: the same prometheus.io annotations, its own port.
+    annotations = edge["spec"]["template"]["metadata"].get("annotations", {})
+    gateway_annotations = gateway["spec"]["template"]["metadata"].get("annotations", {})
+    expected = {k: v for k, v in gateway_annotations.items() if k.startswith("prometheus.io/")}
+    expected["prometheus.io/port"] = str(EDGE_PORTS["metrics"])
+    scrape = {k: v for k, v in annotations.items() if k.startswith("prometheus.io/")}
+    if len(expected) < 3 or scrape != expected:
+        problems.append(f"prometheus annotations {scrape}, expected {expected}")
+
+    # Non-root with a read-only root, exactly as the gateway.
+    security = pod.get("securityContext", {})
+    if not security.get("runAsNonRoot") or security.get("runAsUser") != 10001:
+        problems.append(f"pod securityContext {security}: not uid 10001, non-root")
+    if security != gateway_pod["securityContext"]:
+        problems.append("pod securityContext differs from the gateway's")
+    if container.get("securityContext") != gateway_container["securityContext"]:
+        problems.append("container securityContext differs from the gateway's")
+    if not container.get("securityContext", {}).get("readOnlyRootFilesystem"):
+        problems.append("the root filesystem is writable")
+
+    # The bus: the same NATS nodes and subject prefix as the gateway (its envFrom).
+    config_maps = {d["metadata"]["name"]: d["data"] for d in _of_kind(docs, "ConfigMap")}
+    gateway_maps = [s["configMapRef"]["name"] for s in gateway_container.get("envFrom", [])]
+    for key in ("NATS_URL", "SUBJECT_PREFIX"):
+        ref = (env.get(f"INFERBUS_EDGE_{key}") or {}).get("configMapKeyRef", {})
+        if ref.get("key") != key or ref.get("name") not in gateway_maps:
+            problems.append(f"INFERBUS_EDGE_{key} is not the gateway's ConfigMap value: {ref}")
+        elif key not in config_maps.get(ref["name"], {}):
+            problems.append(f"ConfigMap {ref['name']} has no {key}")
+
+    # Upstream: the gateway Service's gRPC port, which is the gateway's own.
+    gateway_grpc = next(p for p in services["gateway"]["spec"]["ports"] if p["name"] == "grpc")
+    if env.get("INFERBUS_EDGE_UPSTREAM") != f"gateway:{gateway_grpc['port']}":
+        problems.append(f"INFERBUS_EDGE_UPSTREAM={env.get('INFERBUS_EDGE_UPSTREAM')!r}")
+    gateway_ports = {p["name"]: p["containerPort"] for p in gateway_container["ports"]}
+    if _env(gateway_container)["INFERBUS_GATEWAY_GRPC_PORT"] != str(gateway_ports["grpc"]):
+        problems.append("the gateway's gRPC port is not the one its Service names")
+
+    # Shutdown: the image has no shell (FROM scratch), so no `exec` preStop; the
+    # grace period covers preStop, the 10 s drain and some slack.
+    pre_stop = container.get("lifecycle", {}).get("preStop", {})
+    if "sleep" not in pre_stop:
+        problems.append(f"preStop {pre_stop}: the edge image has no `sleep` binary")
+    elif pod["terminationGracePeriodSeconds"] < max(
+        15, _pre_stop_seconds(container) + _drain_seconds(container) + 5
+    ):
+        problems.append(f"terminationGracePeriodSeconds {pod['terminationGracePeriodSeconds']}")
+    if edge["spec"].get("replicas", 1) < 1:
+        problems.append("no replicas")
+    return problems
+
+
+@pytest.mark.parametrize("path", ["base", "overlays/dev", "overlays/prod", "overlays/secure"])
+def test_edge_runs_beside_the_gateway(render: Render, path: str) -> None:
+    docs = render(K8S / path)
+    assert edge_problems(docs) == []
+    pdbs = _named(docs, "PodDisruptionBudget")
+    assert pdbs["edge"]["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "edge"}
+    assert validate_manifests([d for d in docs if d["metadata"]["name"] == "edge"]) == []
+
+
+def test_edge_in_prod_is_spread_behind_a_load_balancer_with_the_pinned_tag(render: Render) -> None:
+    docs = render(K8S / "overlays" / "prod")
+    edge = _named(docs, "Deployment")["edge"]
+    assert edge["metadata"]["namespace"] == "inferbus"
+    assert edge["spec"]["replicas"] >= 2
+    (container,) = edge["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "inferbus/edge:0.1.0"
+    spread = edge["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert {c["topologyKey"] for c in spread} == {
+        "topology.kubernetes.io/zone",
+        "kubernetes.io/hostname",
+    }
+    assert all(
+        c["labelSelector"]["matchLabels"] == {"app.kubernetes.io/name": "edge"} for c in spread
+    )
+    assert _named(docs, "Service")["edge"]["spec"]["type"] == "LoadBalancer"
+    dev = _named(render(K8S / "overlays" / "dev"), "Deployment")["edge"]
+    assert dev["spec"]["template"]["spec"]["containers"][0]["image"] == "inferbus/edge:dev"
+
+
+def test_edge_checker_catches_a_broken_edge(render: Render) -> None:
+    docs = json.loads(json.dumps(render(K8S / "overlays" / "prod")))
+    assert edge_problems([d for d in docs if d["metadata"]["name"] != "edge"]) == [
+        "no edge Deployment or no edge Service"
+    ]
+    edge = _named(docs, "Deployment")["edge"]
+    pod = edge["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    container["readinessProbe"]["httpGet"]["path"] = "/healthz"
+    pod["securityContext"]["runAsNonRoot"] = False
+    container["lifecycle"]["preStop"] = {"exec": {"command": ["sleep", "5"]}}
+    container["env"] = [e for e in container["env"] if e["name"] != "INFERBUS_EDGE_UPSTREAM"]
+    for item in container["env"]:
+        if item["name"] == "INFERBUS_EDGE_METRICS_PORT":
+            item["value"] = "9999"
+    edge["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] = "8003"
+    problems = edge_problems(docs)
+    expected = (
+        "readinessProbe asks",
+        "pod securityContext",
+        "preStop",
+        "INFERBUS_EDGE_UPSTREAM=None",
+        "INFERBUS_EDGE_METRICS_PORT is not the metrics port",
+        "prometheus annotations",
+    )
+    for start in expected:
+        assert any(p.startswith(start) for p in problems), (start, problems)

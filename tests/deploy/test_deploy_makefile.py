@@ -55,6 +55,7 @@ def test_images_builds_every_service_dockerfile() -> None:
         assert builds[f"example/ib/{image}:9.9.9"] == "services/Dockerfile"
     assert builds["example/ib/worker-gpu:9.9.9"] == "services/worker-gpu/Dockerfile.gpu"
     assert builds["example/ib/worker-llm:9.9.9"] == "services/worker-gpu/Dockerfile.llm"
+    assert builds["example/ib/edge:9.9.9"] == "services/edge/Dockerfile"
 
 
 def test_template_builds_pass_the_service_directory() -> None:
@@ -74,6 +75,7 @@ def test_template_builds_pass_the_service_directory() -> None:
         "worker": "worker-gpu",
         "worker-gpu": None,
         "worker-llm": None,
+        "edge": None,
     }
 
 

@@ -13,6 +13,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,7 @@ import pytest
 import redis
 import yaml
 
+from inferbus_common.security import ROLES
 from inferbus_common.settings import ServiceSettings
 from inferbus_testing.servers import NatsServer, RedisServer
 
@@ -344,12 +346,123 @@ def test_secure_overlay_puts_every_service_on_its_nats_user_with_file_secrets(
             assert "@" not in env["INFERBUS_GATEWAY_REDIS_URL"], "no password in the URL"
     assert roles == {
         "gateway": "gateway",
+        "edge": "edge",
         "router": "router",
         "batcher": "batcher",
         "registry": "registry",
     }
     # The secure overlay ships no Secret: they come from the operator's store.
     assert [d for d in docs if d["kind"] == "Secret"] == []
+
+
+def _secret_file_sources(deployment: Manifest, container: Manifest) -> dict[str, tuple[str, str]]:
+    """Path of every file a Secret volume puts in the container -> (Secret, key)."""
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    sources = {}
+    for mount in container.get("volumeMounts", []):
+        secret = volumes[mount["name"]].get("secret")
+        if secret is None:
+            continue
+        for item in secret.get("items", []):
+            sources[f"{mount['mountPath']}/{item['path']}"] = (secret["secretName"], item["key"])
+    return sources
+
+
+def _resolve(deployment: Manifest, container: Manifest, path: str) -> tuple[str, str] | None:
+    """(Secret, key) a file setting reads; a Secret mounted whole gives each key a file."""
+    sources = _secret_file_sources(deployment, container)
+    if path in sources:
+        return sources[path]
+    folder, name = path.rsplit("/", 1)
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    for mount in container.get("volumeMounts", []):
+        secret = volumes[mount["name"]].get("secret")
+        if secret is not None and "items" not in secret and mount["mountPath"] == folder:
+            return (secret["secretName"], name)
+    return None
+
+
+def edge_secure_problems(docs: list[Manifest]) -> list[str]:
+    """The edge in the secure overlay: NATS user `edge` with its own password
+    from Secret inferbus-nats, TLS with the gateway's pair, trusting the gateway."""
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    edge, gateway = deployments["edge"], deployments["gateway"]
+    (container,) = edge["spec"]["template"]["spec"]["containers"]
+    (gateway_container,) = gateway["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    gateway_env = {e["name"]: e.get("value") for e in gateway_container["env"]}
+    problems = []
+    if env.get("INFERBUS_EDGE_NATS_USER") != "edge":
+        problems.append(f"NATS user {env.get('INFERBUS_EDGE_NATS_USER')!r}")
+    password = _resolve(edge, container, env.get("INFERBUS_EDGE_NATS_PASSWORD_FILE") or "")
+    # The Secret holds one key per role (docs/operations.md, from <role>.nats-password).
+    gateway_password = _resolve(
+        gateway, gateway_container, gateway_env["INFERBUS_GATEWAY_NATS_PASSWORD_FILE"]
+    )
+    assert gateway_password == ("inferbus-nats", "gateway")
+    if password != (gateway_password[0], "edge"):
+        problems.append(f"NATS password file from {password}, expected (inferbus-nats, edge)")
+    gateway_tls = {
+        suffix: _resolve(gateway, gateway_container, gateway_env[f"INFERBUS_GATEWAY_{suffix}"])
+        for suffix in ("TLS_CERT_FILE", "TLS_KEY_FILE")
+    }
+    assert gateway_tls["TLS_CERT_FILE"] == ("inferbus-gateway-tls", "tls.crt")
+    expected = {**gateway_tls, "UPSTREAM_CA_FILE": gateway_tls["TLS_CERT_FILE"]}
+    for suffix, source in expected.items():
+        got = _resolve(edge, container, env.get(f"INFERBUS_EDGE_{suffix}") or "")
+        if got != source:
+            problems.append(f"INFERBUS_EDGE_{suffix} reads {got}, expected {source}")
+    return problems
+
+
+def test_secure_overlay_gives_the_edge_its_nats_user_and_the_gateways_tls(render: Render) -> None:
+    docs = render(K8S / "overlays" / "secure")
+    assert edge_secure_problems(docs) == []
+    assert "edge" in ROLES
+    # Every service reads the password of its own NATS user, and only that one.
+    for deployment in (d for d in docs if d["kind"] == "Deployment"):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        user = next(v for k, v in env.items() if k.endswith("_NATS_USER"))
+        path = next(v for k, v in env.items() if k.endswith("_NATS_PASSWORD_FILE"))
+        assert user in ROLES
+        assert _resolve(deployment, container, path) == ("inferbus-nats", user)
+
+
+def test_operations_doc_creates_every_nats_key_the_component_mounts(render: Render) -> None:
+    text = (REPO / "docs" / "operations.md").read_text()
+    (roles,) = re.findall(
+        r"for r in ([a-z ]+); do echo --from-file=\$r=\$S/\$r\.nats-password", text
+    )
+    keys = {
+        item["key"]
+        for d in render(K8S / "overlays" / "secure")
+        if d["kind"] == "Deployment"
+        for v in d["spec"]["template"]["spec"]["volumes"]
+        if v.get("secret", {}).get("secretName") == "inferbus-nats"
+        for item in v["secret"]["items"]
+    }
+    assert "edge" in keys
+    assert keys <= set(roles.split())
+
+
+def test_edge_secure_checker_catches_a_wrong_password_and_a_missing_tls_mount(
+    render: Render,
+) -> None:
+    docs = json.loads(json.dumps(render(K8S / "overlays" / "secure")))
+    edge = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "edge")
+    pod = edge["spec"]["template"]["spec"]
+    for volume in pod["volumes"]:
+        if volume["name"] == "nats-password":
+            volume["secret"]["items"][0]["key"] = "gateway"
+    container = pod["containers"][0]
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "tls"]
+    problems = edge_secure_problems(docs)
+    assert any(
+        p.startswith("NATS password file from ('inferbus-nats', 'gateway')") for p in problems
+    )
+    for suffix in ("TLS_CERT_FILE", "TLS_KEY_FILE", "UPSTREAM_CA_FILE"):
+        assert any(p.startswith(f"INFERBUS_EDGE_{suffix} reads None") for p in problems), problems
 
 
 def test_checker_catches_an_env_secret_and_an_unmounted_file(render: Render) -> None:

@@ -4,6 +4,7 @@ required setting is left out."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ INFERBUS_COMPOSE_SERVICES = (
     "worker-gpu",
     "worker-cpu",
     "worker-llm",
+    "edge",
 )
 
 Manifest = dict[str, Any]
@@ -31,15 +33,39 @@ Manifest = dict[str, Any]
 UNKNOWN = object()
 
 
+EDGE_PREFIX = "INFERBUS_EDGE_"
+
+
+def edge_settings() -> set[str]:
+    """The INFERBUS_EDGE_* variables the Go edge reads (its `env` and `envInt` calls)."""
+    names: set[str] = set()
+    for path in (REPO / "services" / "edge").glob("*.go"):
+        names |= set(re.findall(r'\benv(?:Int)?\("([A-Z_]+)"', path.read_text()))
+    return {EDGE_PREFIX + n for n in names}
+
+
+def _check_edge_env(where: str, env: dict[str, object], names: list[str]) -> list[str]:
+    known = edge_settings()
+    problems = [f"{where}: {n} is not a setting of inferbus-edge" for n in names if n not in known]
+    for name in names:
+        value = env[name]
+        if name.endswith("_PORT") and value is not UNKNOWN and not str(value).isdigit():
+            problems.append(f"{where}: {name}={value!r} is not a port number")
+    return problems
+
+
 def check_env(
     where: str,
     env: dict[str, object],
     settings_by_prefix: dict[str, type[ServiceSettings]],
 ) -> list[str]:
-    """Problems with the INFERBUS_* variables one process gets (empty = none)."""
+    """Problems with the INFERBUS_* variables one process gets (empty = none).
+    The Go edge's (INFERBUS_EDGE_*) are checked against the names it reads."""
     names = [n for n in env if n.startswith("INFERBUS_")]
     if not names:
         return [f"{where}: sets no INFERBUS_* variable"]
+    if all(n.startswith(EDGE_PREFIX) for n in names):
+        return _check_edge_env(where, env, names)
     prefixes = {p for p in settings_by_prefix if any(n.startswith(p) for n in names)}
     if len(prefixes) != 1:
         return [f"{where}: variables of several or no services: {sorted(names)}"]
@@ -95,6 +121,19 @@ def test_compose_environment_matches_the_settings(
 ) -> None:
     env = compose_model["services"][service]["environment"]
     assert check_env(f"compose:{service}", env, settings_by_prefix) == []
+
+
+def test_checker_knows_the_edges_settings() -> None:
+    assert {"INFERBUS_EDGE_NATS_URL", "INFERBUS_EDGE_UPSTREAM", "INFERBUS_EDGE_TLS_CERT_FILE"} <= (
+        edge_settings()
+    )
+    problems = check_env(
+        "edge", {"INFERBUS_EDGE_UPSTREEM": "gateway:8001", "INFERBUS_EDGE_GRPC_PORT": "x"}, {}
+    )
+    assert problems == [
+        "edge: INFERBUS_EDGE_UPSTREEM is not a setting of inferbus-edge",
+        "edge: INFERBUS_EDGE_GRPC_PORT='x' is not a port number",
+    ]
 
 
 def test_compose_infrastructure_gets_no_inferbus_settings(compose_model: dict[str, Any]) -> None:

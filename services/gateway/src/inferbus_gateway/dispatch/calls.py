@@ -1,7 +1,7 @@
 """What the dispatcher keeps per call and per bundle, and two of its small rules.
 
-`_Call`: a request waiting in an open bundle, then for its reply. `_Bundle`: an
-open bundle of one subject. `_Sent`: a sent bundle, counted until its last call
+`Call`: a request waiting in an open bundle, then for its reply. `OpenBundle`: an
+open bundle of one subject. `SentBundle`: a sent bundle, counted until its last call
 is settled (the per-slot hold rule counts these; `Dispatcher._queued`).
 """
 
@@ -20,14 +20,14 @@ from inferbus_gateway.dispatch.reply import Reply
 _NATS_SUBJECT = "Nats-Subject"
 
 
-def _expire(fut: asyncio.Future[Reply]) -> None:
+def expire_call(fut: asyncio.Future[Reply]) -> None:
     """The deadline passed before the reply: wake the caller with a timeout."""
     if not fut.done():
         fut.set_exception(TimeoutError())
 
 
 @dataclass(slots=True, eq=False)
-class _Call:
+class Call:
     """A request waiting in an open bundle, then for its reply."""
 
     fut: asyncio.Future[Reply]
@@ -39,12 +39,12 @@ class _Call:
     token: int = 0
     opened_ns: int = 0
     """Monotonic time the call joined its bundle."""
-    sent: _Sent | None = None
+    sent: SentBundle | None = None
     """The bundle it went in, until the call is settled (answered or ended)."""
 
 
 @dataclass(slots=True, eq=False)
-class _Sent:
+class SentBundle:
     """A sent bundle of one subject, counted until its last call is settled."""
 
     key: str
@@ -52,20 +52,20 @@ class _Sent:
 
 
 @dataclass(slots=True, eq=False)
-class _Bundle:
+class OpenBundle:
     """Requests for one subject collected during a window."""
 
     subject: str
     model: str
     version: str
-    calls: list[_Call] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
     nbytes: int = 0
     rows: int = 0
     max_rows: int = 0
     timer: asyncio.Handle | None = None
 
 
-def _no_responders(msg: Msg) -> Unavailable:
+def no_responders_error(msg: Msg) -> Unavailable:
     """The error for nats-server's "no responders" on a request's subject."""
     # Nobody subscribes to the route subject (every router is down or
     # restarting), or, for a direct request, to the version's subject (no

@@ -52,7 +52,13 @@ from inferbus_common.protocol.envelope import Envelope
 from inferbus_common.protocol.framing import FrameError, parts_size
 from inferbus_common.protocol.tensors import tensor_frame_parts
 from inferbus_common.subjects import Subjects
-from inferbus_gateway.dispatch.calls import _Bundle, _Call, _expire, _no_responders, _Sent
+from inferbus_gateway.dispatch.calls import (
+    Call,
+    OpenBundle,
+    SentBundle,
+    expire_call,
+    no_responders_error,
+)
 from inferbus_gateway.dispatch.cpuload import CpuLoad
 from inferbus_gateway.dispatch.fastlane import FastLane
 from inferbus_gateway.dispatch.metrics import (
@@ -148,7 +154,7 @@ class Dispatcher:
         self._nc = nc
         self._subjects = subjects
         self._inbox = subjects.reply_inbox(instance)
-        self._fast: FastLane[_Call] = FastLane(
+        self._fast: FastLane[Call] = FastLane(
             nc,
             subjects,
             self._inbox,
@@ -160,10 +166,10 @@ class Dispatcher:
             slots=self._slots,
         )
         self._bundle_inbox = f"{self._inbox}.b"
-        self._pending: dict[int, _Call] = {}
+        self._pending: dict[int, Call] = {}
         self._next_token = 1
         self._waiting = 0
-        self._open: dict[str, _Bundle] = {}
+        self._open: dict[str, OpenBundle] = {}
         self._sends: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
         self._subject_of: dict[tuple[str, str], tuple[Route | None, str, str]] = {}
@@ -271,7 +277,8 @@ class Dispatcher:
             held = self._open.get(finished)
             if held is not None and held.timer is not None:
                 RELEASED_BUNDLES.inc()
-                idle = self._sent_by_key.get(finished, 0) < max(1, self._slot_count(held))
+                slots = self._slot_count(held.model, held.version)
+                idle = self._sent_by_key.get(finished, 0) < max(1, slots)
                 self._flush(finished, held, released=idle)
 
     def _on_bundle_no_responders(self, suffix: str, msg: Msg) -> None:
@@ -282,7 +289,7 @@ class Dispatcher:
             first, last = (int(x) for x in suffix[1:].split("_", 1))
         except ValueError:
             return
-        exc = _no_responders(msg)
+        exc = no_responders_error(msg)
         for token in range(first, last + 1):
             waiting = self._pending.pop(token, None)
             if waiting is not None and not waiting.fut.done():
@@ -314,7 +321,7 @@ class Dispatcher:
                 waiting.fut.set_exception(error)
         return len(hit)
 
-    def _resend(self, subject: str, payload: bytes, reply: str, calls: list[_Call]) -> None:
+    def _resend(self, subject: str, payload: bytes, reply: str, calls: list[Call]) -> None:
         """Send a bundle (a fast-lane request's fallback) from outside a coroutine."""
         task = asyncio.ensure_future(self._send(subject, payload, reply, calls))
         self._sends.add(task)
@@ -360,7 +367,7 @@ class Dispatcher:
                 "message on the platform's bus may carry (nats-server max_payload); send "
                 "fewer rows per request"
             )
-        call = _Call(loop.create_future(), BundledRequest(envelope), parts, subject, size)
+        call = Call(loop.create_future(), BundledRequest(envelope), parts, subject, size)
         rows = tensors[0].shape[0] if tensors and tensors[0].shape else 1
         lead = self._enqueue(call, model, version, rows, max_rows, window_s)
         timer = None
@@ -381,7 +388,7 @@ class Dispatcher:
                 raise TimeoutError
             # A timer on the reply's own future instead of `asyncio.wait_for`: the
             # same deadline without wait_for's extra waiter future and loop hop.
-            timer = loop.call_later(remaining, _expire, call.fut)
+            timer = loop.call_later(remaining, expire_call, call.fut)
             return await call.fut
         except TimeoutError:
             raise DeadlineExceeded(
@@ -408,13 +415,13 @@ class Dispatcher:
 
     def _enqueue(
         self,
-        call: _Call,
+        call: Call,
         model: str,
         version: str,
         rows: int,
         max_rows: int,
         window_s: float | None,
-    ) -> _Bundle | None:
+    ) -> OpenBundle | None:
         """Put `call` into its subject's open bundle (opening one), send what is due.
 
         Returns the bundle when `call` opened it and is to send it itself at the
@@ -430,7 +437,7 @@ class Dispatcher:
             bundle = None
         lead = None
         if bundle is None:
-            bundle = self._open[key] = _Bundle(key, model, version, max_rows=max_rows)
+            bundle = self._open[key] = OpenBundle(key, model, version, max_rows=max_rows)
             if not self._waiting or not (self._busy() or self._queued(key, model, version)):
                 # CPU to spare and workers free (or nothing else in flight): what
                 # arrives in this loop turn joins; this call sends it.
@@ -460,17 +467,16 @@ class Dispatcher:
         for `key` (plain routes only: a known version): `bundle_per_slot` sent bundles
         per slot still unanswered (one running, one on the wire), or with
         ``bundle_hold_by="requests"`` that many requests per slot in flight."""
-        if not self._per_slot or not version:
+        if not self._per_slot:
             return False
-        assert self._slots is not None
-        slots = self._slots(model, version)
         count = self._sent_by_key if self._hold_by_bundles else self._by_key
-        return 0 < slots * self._per_slot <= count.get(key, 0)
+        return 0 < self._slot_count(model, version) * self._per_slot <= count.get(key, 0)
 
-    def _slot_count(self, bundle: _Bundle) -> int:
-        return self._slots(bundle.model, bundle.version) if self._slots and bundle.version else 0
+    def _slot_count(self, model: str, version: str) -> int:
+        """Execution slots of `version` (0: unknown, as for a route's alias)."""
+        return self._slots(model, version) if self._slots and version else 0
 
-    def _settle(self, call: _Call) -> bool:
+    def _settle(self, call: Call) -> bool:
         """Count `call` as answered in its sent bundle; True when that was the
         bundle's last unanswered call."""
         sent = call.sent
@@ -487,7 +493,7 @@ class Dispatcher:
             del self._sent_by_key[sent.key]
         return True
 
-    def _flush(self, key: str, bundle: _Bundle | None = None, *, released: bool = False) -> None:
+    def _flush(self, key: str, bundle: OpenBundle | None = None, *, released: bool = False) -> None:
         """Send the open bundle of `key` (only if it is `bundle`, when given) in a task;
         `released`: a held bundle sent because this gateway's last bundle at its version
         was answered, so a slot is free (it may take the fast lane, `FastLane.route`)."""
@@ -499,8 +505,8 @@ class Dispatcher:
         task.add_done_callback(self._sends.discard)
 
     def _prepare(
-        self, key: str, bundle: _Bundle | None = None, *, released: bool = False
-    ) -> tuple[str, bytes, str, list[_Call]] | None:
+        self, key: str, bundle: OpenBundle | None = None, *, released: bool = False
+    ) -> tuple[str, bytes, str, list[Call]] | None:
         """Close the open bundle of `key`: tokens for its calls, its message.
 
         Returns (subject, payload, no-responders reply subject, calls), or None
@@ -520,7 +526,7 @@ class Dispatcher:
         first = self._next_token
         self._next_token += len(calls)
         now = time.monotonic_ns()
-        sent = _Sent(key, len(calls))
+        sent = SentBundle(key, len(calls))
         self._sent_by_key[key] = self._sent_by_key.get(key, 0) + 1
         for i, call in enumerate(calls):
             call.sent = sent
@@ -560,7 +566,7 @@ class Dispatcher:
             return lane
         return bundle.subject, payload, reply, calls
 
-    async def _send(self, subject: str, payload: bytes, reply: str, calls: list[_Call]) -> None:
+    async def _send(self, subject: str, payload: bytes, reply: str, calls: list[Call]) -> None:
         try:
             await self._nc.publish(subject, payload, reply=reply)
         except Exception as exc:  # every caller still gets exactly one answer
@@ -570,7 +576,7 @@ class Dispatcher:
                 if not call.fut.done():
                     call.fut.set_exception(err)
 
-    def _done(self, call: _Call) -> None:
+    def _done(self, call: Call) -> None:
         """A call ended (answered, timed out or cancelled): forget its token."""
         self._settle(call)
         self._waiting -= 1
