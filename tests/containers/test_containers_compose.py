@@ -7,8 +7,10 @@ through the compiled gRPC edge's container (a unary call and a stream), the
 CPU workers scaled 2 -> 1 -> 2 -> 1 under closed-loop load with the documented
 command (no request fails, no other container is recreated: same ids and
 creation times), a worker and the gateway killed (SIGKILL of their process)
-coming back and serving, no container of the data path running as root, and
-`down` leaving nothing behind.
+coming back and serving, the only worker killed through the engine answered
+UNAVAILABLE "no worker" within 1 s by the gateway and the edge, a second stack
+beside the first keeping its pushes to itself, no container of the data path
+running as root, and `down` leaving nothing behind.
 
 One stack for the module, the tests in order. Skipped, with the reason, where
 Podman cannot run (not Linux, not root, tools missing, `podman info` failing, or
@@ -38,6 +40,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -106,6 +109,8 @@ class ContainerStack:
     registry_url: str
     nats_url: str
     model_dir: Path
+    files: list[Path]
+    """The compose files of the project (a second stack uses the same)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds per phase: base image, builds, up, first prediction ..."""
 
@@ -197,14 +202,15 @@ def container_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contai
 
         override = base / "ports.yml"
         override.write_text(PORTS_OVERRIDE)
+        files = [
+            REPO / "compose/docker-compose.yml",
+            REPO / "compose/docker-compose.local.yml",
+            override,
+        ]
         project = ComposeProject(
             podman,
             f"ibtest{os.getpid()}",
-            [
-                REPO / "compose/docker-compose.yml",
-                REPO / "compose/docker-compose.local.yml",
-                override,
-            ],
+            files,
             _env_file(base / "test.env"),
             profiles=["cpu"],
         )
@@ -223,6 +229,7 @@ def container_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contai
                 registry_url=f"127.0.0.1:{project.port('registry', 8070)}",
                 nats_url=f"nats://127.0.0.1:{project.port('nats-1', 4222)}",
                 model_dir=_model(base),
+                files=files,
                 timings=timings,
             )
         finally:
@@ -241,12 +248,15 @@ def _reference(stack: ContainerStack, x: np.ndarray) -> np.ndarray:
     return session.run(None, {"input": x})[0]
 
 
-def _push(stack: ContainerStack, stack_id: str) -> subprocess.CompletedProcess[str]:
-    """`inferbus models push` through the published registry port, expecting `stack_id`
-    (as compose/push-example.sh does; the stack's id is its project name)."""
+def _push(
+    stack: ContainerStack, stack_id: str, *, registry: str = "", version: str = "1"
+) -> subprocess.CompletedProcess[str]:
+    """`inferbus models push` through the published registry port (`registry`, default
+    the stack's), expecting `stack_id` (as compose/push-example.sh does; the stack's
+    id is its project name)."""
     argv = [sys.executable, "-m", "inferbus_cli", "models", "push", str(stack.model_dir)]
-    argv += ["--name", MODEL, "--version", "1", "--alias", "stable"]
-    argv += ["--registry", stack.registry_url]
+    argv += ["--name", MODEL, "--version", version, "--alias", "stable"]
+    argv += ["--registry", registry or stack.registry_url]
     env = {**os.environ, "INFERBUS_STACK_ID": stack_id}
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, check=False)
 
@@ -438,6 +448,92 @@ async def test_a_killed_worker_and_gateway_come_back_and_serve(
     np.testing.assert_allclose(got, _reference(stack, x), rtol=1e-5, atol=1e-6)
 
 
+async def _infer_once(client: grpcaio.InferenceServerClient, deadline_s: float) -> tuple[str, str]:
+    x = np.random.default_rng().standard_normal((1, FEATURES)).astype(np.float32)
+    inp = grpcaio.InferInput("input", [1, FEATURES], "FP32")
+    inp.set_data_from_numpy(x)
+    try:
+        await asyncio.wait_for(
+            client.infer(MODEL, [inp], client_timeout=deadline_s), deadline_s + 5
+        )
+    except TimeoutError:
+        return "HANG", ""
+    except InferenceServerException as exc:
+        return str(exc.status()), str(exc.message())
+    return "OK", ""
+
+
+async def test_the_only_worker_killed_is_answered_unavailable_within_a_second(
+    container_stack: ContainerStack,
+) -> None:
+    """`podman kill` of the only worker container (an engine kill: it stays down,
+    docs/operations.md "First hour"): clients of the gateway and of the edge get
+    UNAVAILABLE naming "no worker" within 1 s, none hangs; `up -d` brings the
+    worker back and it serves."""
+    stack = container_stack
+    await _wait_ready_workers(stack, 1, timeout=120, exact=True)
+    (victim,) = stack.project.container_names("worker-cpu")
+    deadline_s = 8.0
+    clients = {
+        "gateway": grpcaio.InferenceServerClient(stack.grpc_url),
+        "edge": grpcaio.InferenceServerClient(stack.edge_url),
+    }
+    outcomes: list[tuple[str, float, float, str, str]] = []
+    stop = asyncio.Event()
+
+    async def sender(via: str) -> None:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            status, message = await _infer_once(clients[via], deadline_s)
+            outcomes.append((via, t0, time.monotonic(), status, message))
+            await asyncio.sleep(0.01)
+
+    try:
+        for client in clients.values():
+            assert await _infer_once(client, deadline_s) == ("OK", "")
+        tasks = [asyncio.ensure_future(sender(via)) for via in (*clients, *clients)]
+        await asyncio.sleep(1.0)
+        t_kill = time.monotonic()
+        stack.podman.podman("kill", victim, timeout=60)
+        await asyncio.sleep(3.0)
+        stop.set()
+        await asyncio.gather(*tasks)
+        statuses = {o[3] for o in outcomes}
+        assert "HANG" not in statuses, "a request hung"
+        assert statuses <= {"OK", "StatusCode.UNAVAILABLE"}, statuses
+        for via, _sent, _done, status, message in outcomes:
+            if status != "OK":
+                assert "no worker serves it" in message, (via, message)
+                assert f"model '{MODEL}' version '1'" in message, (via, message)
+        for via in clients:
+            mine = [o for o in outcomes if o[0] == via]
+            first = min(o[2] for o in mine if o[3] != "OK")
+            assert first - t_kill <= 1.0, (via, first - t_kill)
+            late = [o for o in mine if o[1] >= t_kill + 1.0]
+            assert late and all(o[3] != "OK" for o in late), (via, late[:3])
+            assert max(o[2] - o[1] for o in late) < deadline_s / 2, via
+            stack.timings[f"only worker killed: first UNAVAILABLE via {via}"] = first - t_kill
+
+        # The operator starts it again (an engine kill is the operator's stop).
+        t0 = time.monotonic()
+        stack.project.run(
+            "up", "-d", "--no-build", "--no-deps", "--no-recreate", "worker-cpu", timeout=120
+        )
+        # (Not `exact`: the killed worker's heartbeat stays in the catalog until it
+        # goes stale; the gateways know it dead from their probes.)
+        await _wait_ready_workers(stack, 1, timeout=120)
+        for via, client in clients.items():
+            ok = ("", "")
+            while time.monotonic() - t0 < 120 and ok[0] != "OK":
+                ok = await _infer_once(client, deadline_s)
+            assert ok == ("OK", ""), (via, ok)
+        stack.timings["only worker killed: serving again after up -d"] = time.monotonic() - t0
+    finally:
+        stop.set()
+        for client in clients.values():
+            await client.close()
+
+
 def test_no_container_of_the_data_path_runs_as_root(container_stack: ContainerStack) -> None:
     stack = container_stack
     uids = {}
@@ -450,6 +546,84 @@ def test_no_container_of_the_data_path_runs_as_root(container_stack: ContainerSt
     status = Path(f"/proc/{pid}/status").read_text()
     uids["edge"] = next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Uid:"))
     assert "0" not in uids.values(), uids
+
+
+async def _versions(registry_url: str) -> dict[str, list[str]]:
+    from inferbus_client.registry import RegistryClient
+
+    async with RegistryClient(registry_url) as client:
+        return {m.name: sorted(m.versions) for m in await client.list_models()}
+
+
+async def test_a_second_stack_beside_the_first_keeps_to_itself(
+    container_stack: ContainerStack, tmp_path: Path
+) -> None:
+    """A second project on other host ports (engine-chosen here; `.env` ports in
+    the docs) with its own volumes: a push aimed at one stack never lands in the
+    other, each serves its own versions, and its `down` leaves the first serving."""
+    stack = container_stack
+    second = ComposeProject(
+        stack.podman,
+        f"{stack.project.name}b",
+        stack.files,
+        _env_file(tmp_path / "second.env"),
+        profiles=["cpu"],
+    )
+    t0 = time.monotonic()
+    try:
+        second.run(
+            "up",
+            "-d",
+            "--no-build",
+            "--pull",
+            "never",
+            *(s for s in SERVICES if s != "edge"),
+            timeout=600,
+        )
+        http_port = second.port("gateway", 8000)
+        _wait_http_ok(f"http://127.0.0.1:{http_port}/v2/health/ready", 120)
+        stack.timings["second stack: up"] = time.monotonic() - t0
+        registry_b = f"127.0.0.1:{second.port('registry', 8070)}"
+        assert registry_b != stack.registry_url
+        # Aimed at the first stack, sent to the second's port: refused.
+        misled = _push(stack, stack.project.name, registry=registry_b, version="2")
+        assert misled.returncode == 1, misled.stdout
+        assert f"belongs to stack {second.name}, not to stack {stack.project.name}" in (
+            misled.stderr
+        )
+        pushed = _push(stack, second.name, registry=registry_b, version="2")
+        assert pushed.returncode == 0, pushed.stderr
+        assert await _versions(registry_b) == {MODEL: ["2"]}
+        assert await _versions(stack.registry_url) == {MODEL: ["1"]}, "it landed in the first"
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{second.port('gateway', 8001)}")
+        try:
+            deadline = time.monotonic() + 120
+            while not client.is_model_ready(MODEL):
+                assert time.monotonic() < deadline, "second stack: model not ready after 120 s"
+                time.sleep(0.2)
+            x = np.random.default_rng(5).standard_normal((2, FEATURES)).astype(np.float32)
+            inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            got = client.infer(MODEL, [inp], client_timeout=30)
+            assert got.get_response().model_version == "2"
+            np.testing.assert_allclose(
+                got.as_numpy("probabilities"), _reference(stack, x), rtol=1e-5, atol=1e-6
+            )
+        finally:
+            client.close()
+    finally:
+        second.run("down", "-v", "--remove-orphans", "-t", "30")
+    assert second.leftovers() == {"containers": [], "volumes": [], "networks": []}
+    stack.timings["second stack: up, push, serve, down"] = time.monotonic() - t0
+    # The first stack still serves its own version.
+    first = grpcclient.InferenceServerClient(stack.grpc_url)
+    try:
+        x = np.random.default_rng(6).standard_normal((1, FEATURES)).astype(np.float32)
+        inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        assert first.infer(MODEL, [inp], client_timeout=30).get_response().model_version == "1"
+    finally:
+        first.close()
 
 
 def test_compose_down_leaves_nothing(container_stack: ContainerStack) -> None:
