@@ -8,7 +8,8 @@ CPU workers scaled 2 -> 1 -> 2 -> 1 under closed-loop load with the documented
 command (no request fails, no other container is recreated: same ids and
 creation times), a worker and the gateway killed (SIGKILL of their process)
 coming back and serving, the only worker killed through the engine answered
-UNAVAILABLE "no worker" within 1 s by the gateway and the edge, a second stack
+UNAVAILABLE "no worker" within 1 s by the gateway and the edge, the workers
+upgraded to a new image under load with no failure, a second stack
 beside the first keeping its pushes to itself, no container of the data path
 running as root, and `down` leaving nothing behind.
 
@@ -546,6 +547,81 @@ def test_no_container_of_the_data_path_runs_as_root(container_stack: ContainerSt
     status = Path(f"/proc/{pid}/status").read_text()
     uids["edge"] = next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Uid:"))
     assert "0" not in uids.values(), uids
+
+
+async def _wait_hosts_ready(stack: ContainerStack, hosts: set[str], timeout: float) -> None:
+    """Until workers on each of `hosts` (container hostnames: short ids) report the
+    model ready in the catalog."""
+    import nats
+
+    nc = await nats.connect(stack.nats_url, connect_timeout=5)
+    try:
+        async with Catalog(nc.jetstream(), Subjects()) as catalog:
+            await catalog.wait_loaded()
+
+            def ready() -> bool:
+                return hosts <= {w.host for w in catalog.ready_workers(MODEL, "1")}
+
+            assert await catalog.wait_for(ready, timeout), f"not ready: {hosts}"
+    finally:
+        await nc.close()
+
+
+async def test_workers_upgrade_to_a_new_image_under_load_with_no_failure(
+    container_stack: ContainerStack, tmp_path: Path
+) -> None:
+    """The documented worker upgrade (docs/operations.md, "Upgrade"): a new image
+    under the same tag, scale out with `--no-recreate` (the new containers take it),
+    then retire the old containers by name with a stop (SIGTERM: they drain).
+    Under closed-loop load through the gateway and the edge: no request fails,
+    and nothing but the workers is touched."""
+    stack = container_stack
+    ref = f"{REPO_NAME}/worker:dev"
+    old_workers = stack.project.container_names("worker-cpu")
+    old_image = stack.podman.podman("image", "inspect", "-f", "{{.Id}}", ref).strip()
+    before = _containers(stack)
+    # The new image: the same build with one more label (what a rebuild of a new
+    # commit under the same tag amounts to, for the engine).
+    (tmp_path / "Containerfile").write_text(f"FROM {ref}\nLABEL inferbus.test.upgrade=1\n")
+    stack.podman.podman(
+        "build", "--format", "docker", "-t", ref, "-f", str(tmp_path / "Containerfile"),
+        str(tmp_path), timeout=300,
+    )  # fmt: skip
+    new_image = stack.podman.podman("image", "inspect", "-f", "{{.Id}}", ref).strip()
+    assert new_image != old_image
+    scale_out = 2 * len(old_workers)
+    load = ClosedLoad(
+        [stack.grpc_url, stack.edge_url], stack.model_dir, concurrency=4, deadline_s=5.0
+    )
+    t0 = time.monotonic()
+    async with load:
+        await asyncio.sleep(2.0)
+        await asyncio.to_thread(stack.project.run, *_scale_command(scale_out))
+        new_workers = [
+            n for n in stack.project.container_names("worker-cpu") if n not in old_workers
+        ]
+        assert len(new_workers) == len(old_workers), new_workers
+        hosts = {
+            stack.podman.podman("inspect", "-f", "{{.Config.Hostname}}", n).strip()
+            for n in new_workers
+        }
+        await _wait_hosts_ready(stack, hosts, timeout=120)
+        await asyncio.to_thread(stack.podman.podman, "stop", "-t", "30", *old_workers, timeout=120)
+        await asyncio.to_thread(stack.podman.podman, "rm", *old_workers, timeout=60)
+        await asyncio.sleep(2.0)
+    stack.timings["worker upgrade under load"] = time.monotonic() - t0
+    statuses: dict[str, int] = {}
+    for a in load.attempts:
+        statuses[a.status] = statuses.get(a.status, 0) + 1
+    print(f"\nupgraded {old_workers} -> {new_workers}; requests {statuses}")
+    assert len(load.attempts) > 50, statuses
+    assert statuses == {"OK": len(load.attempts)}, sorted({a.message for a in load.attempts})
+    for name in stack.project.container_names("worker-cpu"):
+        image = stack.podman.podman("inspect", "-f", "{{.Image}}", name).strip()
+        assert image == new_image, (name, image)
+    after = _containers(stack)
+    untouched = {n: v for n, v in before.items() if n not in old_workers}
+    assert {n: v for n, v in after.items() if n not in new_workers} == untouched
 
 
 async def _versions(registry_url: str) -> dict[str, list[str]]:
