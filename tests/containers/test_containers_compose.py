@@ -249,6 +249,13 @@ def _reference(stack: ContainerStack, x: np.ndarray) -> np.ndarray:
     return session.run(None, {"input": x})[0]
 
 
+def _wait_model_ready(client: grpcclient.InferenceServerClient, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not client.is_model_ready(MODEL):
+        assert time.monotonic() < deadline, f"model not ready after {timeout} s"
+        time.sleep(0.1)
+
+
 def _push(
     stack: ContainerStack, stack_id: str, *, registry: str = "", version: str = "1"
 ) -> subprocess.CompletedProcess[str]:
@@ -297,10 +304,7 @@ def test_pushed_model_answers_correctly_over_grpc_and_http(
     assert pushed.returncode == 0, pushed.stderr
     grpc = grpcclient.InferenceServerClient(stack.grpc_url)
     try:
-        deadline = time.monotonic() + 120
-        while not grpc.is_model_ready(MODEL):
-            assert time.monotonic() < deadline, "model not ready after 120 s"
-            time.sleep(0.1)
+        _wait_model_ready(grpc, 120)
         x = np.random.default_rng(1).standard_normal((4, FEATURES)).astype(np.float32)
         inp = grpcclient.InferInput("input", list(x.shape), "FP32")
         inp.set_data_from_numpy(x)
@@ -348,6 +352,16 @@ def _image_refs() -> list[str]:
     return [f"{REPO_NAME}{'-local' if n in stand_ins else ''}/{n}:dev" for n in IMAGES]
 
 
+def _all_ok(load: ClosedLoad) -> dict[str, int]:
+    """The load's requests by status; asserts there were enough and every one was OK."""
+    statuses: dict[str, int] = {}
+    for a in load.attempts:
+        statuses[a.status] = statuses.get(a.status, 0) + 1
+    assert len(load.attempts) > 50, statuses
+    assert statuses == {"OK": len(load.attempts)}, sorted({a.message for a in load.attempts})
+    return statuses
+
+
 def _scale_command(replicas: int) -> list[str]:
     """The documented scaling command (docs/operations.md, "First hour"): only the
     worker-cpu containers are added or removed; nothing else is touched."""
@@ -389,12 +403,7 @@ async def test_workers_scale_1_2_1_under_load_with_no_failure_and_nothing_else_r
             stack.timings[f"scale worker-cpu to {replicas}"] = took
         await asyncio.sleep(2.0)
     after = _containers(stack)
-    statuses: dict[str, int] = {}
-    for a in load.attempts:
-        statuses[a.status] = statuses.get(a.status, 0) + 1
-    print(f"\nscaled worker-cpu 2 -> {', '.join(steps)}; requests {statuses}")
-    assert len(load.attempts) > 50, statuses
-    assert statuses == {"OK": len(load.attempts)}, sorted({a.message for a in load.attempts})
+    print(f"\nscaled worker-cpu 2 -> {', '.join(steps)}; requests {_all_ok(load)}")
     # Nothing but the scaled workers was touched: same containers, same ids and
     # creation times; the worker removed first (and its later twin) are gone.
     assert after == {name: v for name, v in before.items() if name != removed}
@@ -610,12 +619,7 @@ async def test_workers_upgrade_to_a_new_image_under_load_with_no_failure(
         await asyncio.to_thread(stack.podman.podman, "rm", *old_workers, timeout=60)
         await asyncio.sleep(2.0)
     stack.timings["worker upgrade under load"] = time.monotonic() - t0
-    statuses: dict[str, int] = {}
-    for a in load.attempts:
-        statuses[a.status] = statuses.get(a.status, 0) + 1
-    print(f"\nupgraded {old_workers} -> {new_workers}; requests {statuses}")
-    assert len(load.attempts) > 50, statuses
-    assert statuses == {"OK": len(load.attempts)}, sorted({a.message for a in load.attempts})
+    print(f"\nupgraded {old_workers} -> {new_workers}; requests {_all_ok(load)}")
     for name in stack.project.container_names("worker-cpu"):
         image = stack.podman.podman("inspect", "-f", "{{.Image}}", name).strip()
         assert image == new_image, (name, image)
@@ -673,10 +677,7 @@ async def test_a_second_stack_beside_the_first_keeps_to_itself(
         assert await _versions(stack.registry_url) == {MODEL: ["1"]}, "it landed in the first"
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{second.port('gateway', 8001)}")
         try:
-            deadline = time.monotonic() + 120
-            while not client.is_model_ready(MODEL):
-                assert time.monotonic() < deadline, "second stack: model not ready after 120 s"
-                time.sleep(0.2)
+            _wait_model_ready(client, 120)
             x = np.random.default_rng(5).standard_normal((2, FEATURES)).astype(np.float32)
             inp = grpcclient.InferInput("input", list(x.shape), "FP32")
             inp.set_data_from_numpy(x)

@@ -137,25 +137,34 @@ def test_permissions_are_sufficient(stack: SecureStack) -> None:
         assert "liveness probes do not reach" not in text, f"{path.name}: {text[-2000:]}"
 
 
-def test_the_edge_serves_tls_as_its_own_nats_user(stack: SecureStack, tmp_path: Path) -> None:
-    """The compiled gRPC edge in a secured stack: TLS only on its port, the
-    `edge` NATS user (it may only ask the gateways and read its own inbox),
-    streams proxied to the gateway's TLS port."""
+def _secure_edge(stack: SecureStack, upstream: str, log_dir: Path, **env: str) -> ServiceProcess:
+    """A started edge as the NATS user `edge`, serving TLS with the stack's certificate."""
     assert stack.nats is not None
-    key_file = stack.secrets_dir / "key.pem"
     edge = edge_process(
         stack.nats.url,
-        stack.grpc_url,
-        tmp_path,
+        upstream,
+        log_dir,
         NATS_USER="edge",
         NATS_PASSWORD_FILE=str(stack.password_file("edge")),
         TLS_CERT_FILE=str(stack.ca_file),
-        TLS_KEY_FILE=str(key_file),
-        UPSTREAM_CA_FILE=str(stack.ca_file),
+        TLS_KEY_FILE=str(stack.secrets_dir / "key.pem"),
+        **env,
     )
     edge.start()
     try:
         edge.wait_ready()
+    except BaseException:
+        edge.cleanup()
+        raise
+    return edge
+
+
+def test_the_edge_serves_tls_as_its_own_nats_user(stack: SecureStack, tmp_path: Path) -> None:
+    """The compiled gRPC edge in a secured stack: TLS only on its port, the
+    `edge` NATS user (it may only ask the gateways and read its own inbox),
+    streams proxied to the gateway's TLS port."""
+    edge = _secure_edge(stack, stack.grpc_url, tmp_path, UPSTREAM_CA_FILE=str(stack.ca_file))
+    try:
         url = f"127.0.0.1:{edge.ports['grpc']}"
         client = grpcclient.InferenceServerClient(
             url, ssl=True, root_certificates=str(stack.ca_file)
@@ -195,20 +204,8 @@ def test_the_edge_serves_tls_as_its_own_nats_user(stack: SecureStack, tmp_path: 
 def test_the_edge_requires_client_certificates_with_a_client_ca(
     stack: SecureStack, tmp_path: Path
 ) -> None:
-    assert stack.nats is not None
-    edge = edge_process(
-        stack.nats.url,
-        "",
-        tmp_path,
-        NATS_USER="edge",
-        NATS_PASSWORD_FILE=str(stack.password_file("edge")),
-        TLS_CERT_FILE=str(stack.ca_file),
-        TLS_KEY_FILE=str(stack.secrets_dir / "key.pem"),
-        TLS_CLIENT_CA_FILE=str(stack.ca_file),
-    )
-    edge.start()
+    edge = _secure_edge(stack, "", tmp_path, TLS_CLIENT_CA_FILE=str(stack.ca_file))
     try:
-        edge.wait_ready()
         url = f"127.0.0.1:{edge.ports['grpc']}"
         anonymous = grpcclient.InferenceServerClient(
             url, ssl=True, root_certificates=str(stack.ca_file)
