@@ -235,3 +235,32 @@ async def test_archived_versions_and_unloaded_models_take_no_traffic(
     await client.set_serving("m", True, requested_by="ops")
     route = _route(await client.set_traffic("m", canary="2", canary_weight=5.0, updated_by="a"))
     assert (route.canary, route.canary_weight) == ("2", 5.0)
+
+
+async def test_route_records_read_every_kept_record_every_time(registry_nats) -> None:
+    """`route_records` against a real bucket: each of 200 reads of a removed route's
+    three records sees all three in order (nats-py's `KeyValue.history` missed
+    entries now and then, which restarted revisions after an unload)."""
+    from inferbus_common.subjects import Subjects
+    from inferbus_registry.traffic import route_records
+
+    subjects = Subjects(prefix="rr")
+    conn = await nats.connect(registry_nats.url)
+    try:
+        js = conn.jetstream()
+        kv = await js.create_key_value(bucket=subjects.routes_bucket, history=64)
+        key = subjects.model_key("m")
+        for revision in (1, 2, 3):
+            await kv.put(
+                key, Route(model="m", stable="1", revision=revision).model_dump_json().encode()
+            )
+        await kv.put(
+            subjects.model_key("other"), Route(model="other", stable="1").model_dump_json().encode()
+        )
+        await kv.delete(key)
+        for _ in range(200):
+            assert [r.revision for r in await route_records(js, subjects, "m")] == [1, 2, 3]
+        assert await route_records(js, subjects, "never-routed") == []
+        await js.delete_key_value(subjects.routes_bucket)
+    finally:
+        await conn.close()

@@ -15,6 +15,7 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from inferbus_common.bus import NO_STREAM_ERRORS, sync
@@ -54,6 +55,10 @@ class CatalogPublisher:
         self.ready = ready
         self._models: KeyValue | None = None
         self._routes: KeyValue | None = None
+
+    def jetstream(self) -> JetStreamContext:
+        """A JetStream context on the publisher's connection."""
+        return self._nc.jetstream()
 
     @property
     def subjects(self) -> Subjects:
@@ -150,6 +155,7 @@ class CatalogPublisher:
                 self._subjects,
                 model,
                 mutate,
+                js=self.jetstream(),
                 updated_by=updated_by,
                 change=change,
                 expected_kv_revision=expected_kv_revision,

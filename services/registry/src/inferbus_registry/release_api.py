@@ -101,11 +101,13 @@ class ReleaseRPCs:
                 f"{model!r} has no route (no stable version yet, or unloaded); set one with "
                 f"`inferbus models alias {model} stable VERSION`"
             )
-        earlier = await route_history(kv, self._publisher.subjects, model, history)
+        earlier = await route_history(
+            self._publisher.jetstream(), self._publisher.subjects, model, history
+        )
         return registry_pb2.RouteState(
             route_json=route.model_dump_json().encode(),
             kv_revision=seq,
-            history_json=[r.model_dump_json().encode() for r, _ in earlier],
+            history_json=[r.model_dump_json().encode() for r in earlier],
         )
 
     async def GetRoute(

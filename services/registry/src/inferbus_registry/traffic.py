@@ -201,41 +201,43 @@ async def read_route(kv: KeyValue, subjects: Subjects, model: str) -> tuple[Rout
     return Route.model_validate_json(entry.value), int(entry.revision or 0)
 
 
+async def route_records(js: JetStreamContext, subjects: Subjects, model: str) -> list[Route]:
+    """The routes of `model` the routes bucket still holds, oldest first (deletions
+    left out).
+
+    Read a message at a time ("next by subject"), not with nats-py's
+    `KeyValue.history`: its watcher decides it has seen every entry by comparing
+    the consumer's pending count with what its callback has handled, and now
+    and then ends before the first one (3 of 300 reads of a 4-entry history on
+    an idle machine). An empty history restarted route revisions at 1 after an
+    unload (a CI failure of `test_revisions_keep_growing_across_an_unload_and_reload`).
+    """
+    stream = f"KV_{subjects.routes_bucket}"
+    subject = f"$KV.{subjects.routes_bucket}.{subjects.model_key(model)}"
+    out: list[Route] = []
+    seq = 1
+    while True:
+        try:
+            msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+        except nats.js.errors.NotFoundError:
+            return out
+        operation = (msg.headers or {}).get("KV-Operation")
+        if msg.data and operation not in ("DEL", "PURGE"):
+            try:
+                out.append(Route.model_validate_json(msg.data))
+            except ValidationError:
+                pass
+        seq = (msg.seq or seq) + 1
+
+
 async def route_history(
-    kv: KeyValue, subjects: Subjects, model: str, limit: int
-) -> list[tuple[Route, int]]:
-    """Earlier routes of a model from the bucket's history, newest first (at most `limit`)."""
+    js: JetStreamContext, subjects: Subjects, model: str, limit: int
+) -> list[Route]:
+    """Earlier routes of a model, newest first (at most `limit`); the newest
+    record, the current route, is not among them."""
     if limit <= 0:
         return []
-    try:
-        entries = await kv.history(subjects.model_key(model))
-    except nats.js.errors.NoKeysError:
-        return []
-    out: list[tuple[Route, int]] = []
-    for entry in reversed(entries):
-        if entry.value and entry.operation not in ("DEL", "PURGE"):
-            try:
-                out.append((Route.model_validate_json(entry.value), int(entry.revision or 0)))
-            except ValidationError:
-                continue
-    # The newest entry is the current route; history is what came before it.
-    return out[1 : limit + 1]
-
-
-async def _last_revision(kv: KeyValue, subjects: Subjects, model: str) -> int:
-    """`Route.revision` of the newest record in the history (revisions survive a removal)."""
-    try:
-        entries = await kv.history(subjects.model_key(model))
-    except nats.js.errors.NoKeysError:
-        return 0
-    best = 0
-    for entry in entries:
-        if entry.value and entry.operation not in ("DEL", "PURGE"):
-            try:
-                best = max(best, Route.model_validate_json(entry.value).revision)
-            except ValidationError:
-                continue
-    return best
+    return list(reversed(await route_records(js, subjects, model)))[1 : limit + 1]
 
 
 async def cas_write(
@@ -244,6 +246,7 @@ async def cas_write(
     model: str,
     mutate: Callable[[Route | None], Route | None],
     *,
+    js: JetStreamContext,
     updated_by: str,
     change: str = "",
     expected_kv_revision: int = 0,
@@ -258,6 +261,7 @@ async def cas_write(
         mutate: current route (None: none yet) → new route (None: leave it
             as it is). It may raise to refuse the change; it may be called
             again after a lost race, with the newer route.
+        js: JetStream, to read the records a removed route left (`route_records`).
         updated_by: who makes the change (recorded in the route).
         change: why (recorded; default: a description of the difference).
         expected_kv_revision: non-zero: the KV sequence the caller read; a
@@ -280,7 +284,12 @@ async def cas_write(
         new = mutate(current)
         if new is None or same_content(current, new):
             return RouteWrite(current, seq, current, changed=False)
-        base_revision = current.revision if current else await _last_revision(kv, subjects, model)
+        if current is None:
+            # Revisions survive a removal: continue from the newest record kept.
+            kept = await route_records(js, subjects, model)
+            base_revision = max((r.revision for r in kept), default=0)
+        else:
+            base_revision = current.revision
         new = new.model_copy(
             update={
                 "revision": base_revision + 1,
