@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import nats.js.errors
 from nats.js import JetStreamContext
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 from pydantic import ValidationError
 
 from inferbus_common.catalog import Route
@@ -74,6 +74,11 @@ ROUTE_HISTORY = 64
 trail of a rollout is one revision per step."""
 
 
+def _routes_stream(subjects: Subjects) -> str:
+    """The JetStream stream behind the routes bucket."""
+    return f"KV_{subjects.routes_bucket}"
+
+
 async def ensure_route_history(js: JetStreamContext, subjects: Subjects) -> None:
     """Raise the routes bucket's history to `ROUTE_HISTORY` revisions per key.
 
@@ -81,8 +86,7 @@ async def ensure_route_history(js: JetStreamContext, subjects: Subjects) -> None
     the registry, which writes routes, widens it so `inferbus route show` can
     show a whole rollout. Idempotent; never shrinks a longer history.
     """
-    stream = f"KV_{subjects.routes_bucket}"
-    info = await js.stream_info(stream)
+    info = await js.stream_info(_routes_stream(subjects))
     if (info.config.max_msgs_per_subject or 0) < ROUTE_HISTORY:
         info.config.max_msgs_per_subject = ROUTE_HISTORY
         await js.update_stream(info.config)
@@ -212,17 +216,15 @@ async def route_records(js: JetStreamContext, subjects: Subjects, model: str) ->
     an idle machine). An empty history restarted route revisions at 1 after an
     unload (a CI failure of `test_revisions_keep_growing_across_an_unload_and_reload`).
     """
-    stream = f"KV_{subjects.routes_bucket}"
     subject = f"$KV.{subjects.routes_bucket}.{subjects.model_key(model)}"
     out: list[Route] = []
     seq = 1
     while True:
         try:
-            msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+            msg = await js.get_msg(_routes_stream(subjects), seq=seq, subject=subject, next=True)
         except nats.js.errors.NotFoundError:
             return out
-        operation = (msg.headers or {}).get("KV-Operation")
-        if msg.data and operation not in ("DEL", "PURGE"):
+        if msg.data and (msg.headers or {}).get(KV_OP) not in (KV_DEL, KV_PURGE):
             try:
                 out.append(Route.model_validate_json(msg.data))
             except ValidationError:
