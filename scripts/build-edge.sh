@@ -3,6 +3,7 @@
 # inferbus commands, from Debian's Go toolchain and Go packages (no module proxy):
 #
 #   scripts/build-edge.sh [--install-deps] [OUT]
+#   scripts/build-edge.sh --test [go test arguments...]   (its unit tests instead)
 #
 # --install-deps: apt-get install golang-go golang-google-grpc-dev
 # golang-github-nats-io-go-nats-dev first (root; Debian 12 ships Go 1.19,
@@ -10,6 +11,11 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+testing=0
+if [[ "${1:-}" == --test ]]; then
+    shift
+    testing=1
+fi
 if [[ "${1:-}" == --install-deps ]]; then
     shift
     export DEBIAN_FRONTEND=noninteractive
@@ -17,7 +23,8 @@ if [[ "${1:-}" == --install-deps ]]; then
     apt-get install -y -qq --no-install-recommends \
         golang-go golang-google-grpc-dev golang-github-nats-io-go-nats-dev >/dev/null
 fi
-out="${1:-$repo/.venv/bin/inferbus-edge}"
+out="$repo/.venv/bin/inferbus-edge"
+((testing)) || out="${1:-$out}"
 if ! command -v go >/dev/null 2>&1; then
     echo "build-edge: no Go toolchain: run scripts/build-edge.sh --install-deps (Debian's golang-go)" >&2
     exit 1
@@ -34,10 +41,16 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/src/inferbus"
 ln -s "$repo/services/edge" "$work/src/inferbus/edge"
+export GO111MODULE=off GOPATH="$work:$gocode" GOCACHE="${GOCACHE:-$HOME/.cache/inferbus-go-build}" \
+    GOFLAGS= CGO_ENABLED=0
+if ((testing)); then
+    cd "$work/src/inferbus/edge"
+    go test -count=1 "$@" .
+    exit
+fi
 mkdir -p "$(dirname "$out")"
 (
     cd "$work/src/inferbus/edge"
-    GO111MODULE=off GOPATH="$work:$gocode" GOCACHE="${GOCACHE:-$HOME/.cache/inferbus-go-build}" \
-        GOFLAGS= CGO_ENABLED=0 go build -trimpath -o "$out" .
+    go build -trimpath -o "$out" .
 )
 echo "build-edge: built $out" >&2

@@ -1,0 +1,161 @@
+package main
+
+// Unit tests of the edge's pure parts (scripts/build-edge.sh --test; run by
+// tests/edge/test_edge_go.py). What it does on the wire, against real
+// gateways and nats-server, is tested from Python: tests/e2e/test_e2e_edge.py.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/ioutil"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	nats "github.com/nats-io/nats.go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+func TestRawCodecKeepsItsOwnCopyOfTheMessage(t *testing.T) {
+	var c rawCodec
+	buf := []byte("request bytes")
+	var f frame
+	if err := c.Unmarshal(buf, &f); err != nil {
+		t.Fatal(err)
+	}
+	copy(buf, "XXXXXXX") // gRPC reuses its receive buffer
+	if string(f.payload) != "request bytes" {
+		t.Fatalf("payload changed with the receive buffer: %q", f.payload)
+	}
+	out, err := c.Marshal(&f)
+	if err != nil || string(out) != "request bytes" {
+		t.Fatalf("Marshal = %q, %v", out, err)
+	}
+	if _, err := c.Marshal("not a frame"); err == nil {
+		t.Fatal("Marshal of a non-frame must fail")
+	}
+	if err := c.Unmarshal(buf, new(string)); err == nil {
+		t.Fatal("Unmarshal into a non-frame must fail")
+	}
+	if c.Name() != "proto" {
+		t.Fatalf("the codec must replace gRPC's proto codec, is named %q", c.Name())
+	}
+}
+
+func TestBusErrorsBecomeStatusesAClientCanActOn(t *testing.T) {
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	live := context.Background()
+	cases := []struct {
+		ctx  context.Context
+		err  error
+		code codes.Code
+		says string
+	}{
+		{live, nats.ErrNoResponders, codes.Unavailable, "no gateway process answers on ib.edge.grpc"},
+		{cancelled, context.Canceled, codes.Canceled, "cancelled"},
+		{live, context.DeadlineExceeded, codes.DeadlineExceeded, "deadline"},
+		{live, nats.ErrTimeout, codes.DeadlineExceeded, "deadline"},
+		{live, fmt.Errorf("wrapped: %w", nats.ErrConnectionClosed), codes.Unavailable, "lost its NATS connection"},
+		{live, nats.ErrDisconnected, codes.Unavailable, "lost its NATS connection"},
+		{live, errors.New("something else"), codes.Unavailable, "could not be carried to a gateway: something else"},
+	}
+	for _, c := range cases {
+		got := status.Convert(busError(c.ctx, "ib.edge.grpc", c.err))
+		if got.Code() != c.code || !strings.Contains(got.Message(), c.says) {
+			t.Errorf("busError(%v) = %v %q, want %v with %q", c.err, got.Code(), got.Message(), c.code, c.says)
+		}
+	}
+}
+
+func TestMetricsAreSortedPrometheusTextWithCountsPerMethod(t *testing.T) {
+	s := newStats()
+	s.observe(service+"ModelInfer", codes.OK, 250*time.Millisecond)
+	s.observe(service+"ModelInfer", codes.OK, 500*time.Millisecond)
+	s.observe(service+"ModelInfer", codes.InvalidArgument, 250*time.Millisecond)
+	s.observe(service+"ModelReady", codes.OK, time.Millisecond)
+	s.proxied(service+"ModelStreamInfer", codes.OK)
+	s.proxied("/grpc.health.v1.Health/Check", codes.Unimplemented)
+	text := s.render()
+	want := []string{
+		`inferbus_edge_requests_total{method="ModelInfer",code="OK"} 2`,
+		`inferbus_edge_requests_total{method="ModelInfer",code="InvalidArgument"} 1`,
+		`inferbus_edge_requests_total{method="ModelReady",code="OK"} 1`,
+		`inferbus_edge_request_seconds_sum{method="ModelInfer"} 1`,
+		`inferbus_edge_request_seconds_count{method="ModelInfer"} 3`,
+		`inferbus_edge_request_seconds_count{method="ModelReady"} 1`,
+		`inferbus_edge_proxied_total{method="/grpc.health.v1.Health/Check",code="Unimplemented"} 1`,
+		`inferbus_edge_proxied_total{method="ModelStreamInfer",code="OK"} 1`,
+	}
+	at := -1
+	for _, line := range want {
+		i := strings.Index(text, line+"\n")
+		if i < 0 {
+			t.Fatalf("missing %q in:\n%s", line, text)
+		}
+		if i < at {
+			t.Fatalf("%q is out of order in:\n%s", line, text)
+		}
+		at = i
+	}
+	for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
+		if strings.HasPrefix(line, "#") {
+			if !strings.HasPrefix(line, "# HELP inferbus_edge_") && !strings.HasPrefix(line, "# TYPE inferbus_edge_") {
+				t.Errorf("comment line that is neither HELP nor TYPE: %q", line)
+			}
+			continue
+		}
+		if fields := strings.Fields(line); len(fields) != 2 {
+			t.Errorf("sample line is not `name{labels} value`: %q", line)
+		}
+	}
+}
+
+func TestPortsFileIsWholeJSONAndNothingIsLeftBeside(t *testing.T) {
+	dir, err := ioutil.TempDir("", "edge-ports")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "edge.json")
+	if err := writePortsFile(path, 18003, 18004); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := ioutil.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct{ Pid, Grpc, Metrics int }
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatalf("%q is not JSON: %v", raw, err)
+	}
+	if got.Pid != os.Getpid() || got.Grpc != 18003 || got.Metrics != 18004 {
+		t.Fatalf("ports file = %+v", got)
+	}
+	entries, _ := ioutil.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("the temporary file was left beside the ports file: %d entries", len(entries))
+	}
+	if err := writePortsFile("", 1, 2); err != nil {
+		t.Fatalf("no path means no file, not an error: %v", err)
+	}
+}
+
+func TestSettingsComeFromInferbusEdgeVariables(t *testing.T) {
+	t.Setenv("INFERBUS_EDGE_GRPC_PORT", "9103")
+	t.Setenv("INFERBUS_EDGE_HOST", "")
+	if got := envInt("GRPC_PORT", 8003); got != 9103 {
+		t.Fatalf("envInt = %d, want 9103", got)
+	}
+	if got := envInt("NOT_SET_BY_ANYONE_PORT", 8004); got != 8004 {
+		t.Fatalf("an unset variable must give the default, got %d", got)
+	}
+	if got := env("HOST", "127.0.0.1"); got != "" {
+		t.Fatalf("a variable set to empty is that value, got %q", got)
+	}
+}
