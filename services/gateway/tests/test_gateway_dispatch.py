@@ -399,6 +399,46 @@ async def test_requests_that_queue_downstream_collect_for_the_window(nats_client
         await batcher.stop()
 
 
+@pytest.mark.parametrize(("deep", "expected"), [(3, [6, 1, 2]), (0, [6, 1, 1, 1])])
+async def test_many_requests_in_flight_hold_from_one_bundle_per_slot(
+    nats_client, dispatchers, deep: int, expected: list[int]
+):
+    """``bundle_deep_per_slot=3`` with two slots: from six requests in flight here on,
+    one unanswered bundle per slot holds new ones (not `bundle_per_slot`, two). Six
+    requests in one loop turn go as one bundle; of three more, loop turns apart and
+    answers held, the first goes (one bundle per slot is out), the other two wait
+    together for the window. Without it (0) all three go alone."""
+    batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
+    d = await dispatchers(
+        f"gw-deep-{deep}",
+        direct=True,
+        bundle_window_s=0.3,
+        busy=lambda: False,
+        bundle_per_slot=2,
+        bundle_deep_per_slot=deep,
+        slots=lambda model, version: 2,
+    )
+    plain = Route(model="fraud", stable="3")
+    try:
+        batcher.hold.clear()
+        calls = [asyncio.ensure_future(_call(d, plain, request_id=f"q{i}")) for i in range(6)]
+        await asyncio.sleep(0.02)
+        for i in range(6, 9):
+            calls.append(asyncio.ensure_future(_call(d, plain, request_id=f"q{i}")))
+            await asyncio.sleep(0.02)
+        for _ in range(500):
+            if sum(len(b.requests) for b in batcher.bundles) == 9:
+                break
+            await asyncio.sleep(0.01)
+        assert [len(b.requests) for b in batcher.bundles] == expected
+        batcher.hold.set()
+        await asyncio.wait_for(asyncio.gather(*calls), 10)
+        assert d.in_flight == 0
+    finally:
+        batcher.hold.set()
+        await batcher.stop()
+
+
 async def test_a_bundle_goes_when_its_rows_fill_a_batch(nats_client, dispatchers):
     batcher = await FakeBatcher(nats_client, SUBJECTS.infer("fraud", "3")).start()
     d = await dispatchers("gw-f", direct=True, bundle_window_s=60.0, busy=lambda: True)

@@ -125,6 +125,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                 bundle_max_requests=settings.bundle_max_requests,
                 bundle_busy_cpu=settings.bundle_busy_cpu,
                 bundle_per_slot=settings.bundle_per_slot,
+                bundle_deep_per_slot=settings.bundle_deep_per_slot,
                 bundle_release_on_reply=settings.bundle_release_on_reply,
                 bundle_hold_by=settings.bundle_hold_by,
                 fast_lane=settings.fast_lane,

@@ -175,6 +175,11 @@ class GatewaySettings(ServiceSettings):
     and one on the wire; more would only queue downstream. It goes when one of them
     is answered (``bundle_release_on_reply``), after ``bundle_window_us`` at most, or
     when full. 0: only the CPU rule (``bundle_busy_cpu``) makes bundles wait."""
+    bundle_deep_per_slot: int = Field(default=4, ge=0)
+    """From this many requests per execution slot of the version in flight at this
+    gateway, one sent bundle per slot (instead of ``bundle_per_slot``) makes a new
+    bundle wait: with that many requests waiting, fuller batches gain more than a
+    second batch on the wire keeps a slot busy. 0: off."""
     bundle_hold_by: Literal["bundles", "requests"] = "bundles"
     """What ``bundle_per_slot`` counts: sent bundles not yet answered, or (the rule
     before round 16, for comparison) requests in flight here."""

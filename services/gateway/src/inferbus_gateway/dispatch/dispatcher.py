@@ -8,11 +8,11 @@ A lone request is a bundle of one: there is no other request framing.
 A bundle goes at the end of the event-loop turn that opened it, unless CPU is
 what limits (the machine's CPUs or the gateway's event loop nearly always
 busy, `cpuload.CpuLoad`) and other requests are in flight, or when the
-version's requests already queue downstream (at least ``bundle_per_slot``
-of them in flight here per execution slot, `slots.SlotCount`): then it
-collects requests for ``bundle_window_us``. A gateway with CPU to spare and
-workers free never makes a request wait; otherwise it sends fewer, fuller
-messages, which leaves more CPU for the requests themselves.
+version's requests queue downstream (``bundle_per_slot`` unanswered bundles per
+execution slot, `slots.SlotCount`; one past ``bundle_deep_per_slot`` requests
+per slot): then it collects requests, ``bundle_window_us`` at most. A gateway
+with CPU to spare and workers free never makes a request wait; otherwise it
+sends fewer, fuller messages, leaving more CPU for the requests themselves.
 Details and figures: docs/architecture.md ("Bundles").
 
 Each gateway owns one inbox subscription (``ib.reply.<instance>.*``): reply
@@ -89,8 +89,7 @@ class Dispatcher:
         instance: this gateway's unique id (names its inbox).
         direct: publish requests on plain routes (`plain_version`) straight to
             the stable version's batchers instead of through the router.
-        bundle_window_s: how long a bundle collects requests while the gateway
-            is saturated.
+        bundle_window_s: how long a bundle collects requests at most when it waits.
         bundle_max_requests: a bundle is sent once it holds this many requests.
         busy: tells whether CPU is what limits (default: a `CpuLoad` of this
             process, from `bundle_busy_cpu` on).
@@ -99,6 +98,8 @@ class Dispatcher:
             while at least this many requests for its version per execution slot
             (`slots`) are in flight here: they queue downstream anyway.
             0: only `busy` makes bundles wait.
+        bundle_deep_per_slot: from this many requests per slot in flight here,
+            one sent bundle per slot (not `bundle_per_slot`) holds new ones.
         fast_lane: send a lone request on a plain route (a bundle of one, with at
             most `fast_lane_max_in_flight` requests in flight here) to the version's
             idle workers over core NATS (``Subjects.fast``) first; a refusal or no
@@ -123,6 +124,7 @@ class Dispatcher:
         busy: Callable[[], bool] | None = None,
         bundle_busy_cpu: float = 0.9,
         bundle_per_slot: int = 0,
+        bundle_deep_per_slot: int = 0,
         bundle_release_on_reply: bool = True,
         bundle_hold_by: str = "bundles",
         fast_lane: bool = False,
@@ -145,6 +147,7 @@ class Dispatcher:
         self._busy = busy
         self._slots = SlotCount(slots) if slots is not None else None
         self._per_slot = bundle_per_slot if self._slots is not None else 0
+        self._deep = bundle_deep_per_slot
         self._release_on_reply = bundle_release_on_reply
         self._by_key: dict[str, int] = {}
         """Requests in flight here per subject (sent or in an open bundle)."""
@@ -465,12 +468,18 @@ class Dispatcher:
     def _queued(self, key: str, model: str, version: str) -> bool:
         """Whether `version`'s execution slots have their share of this gateway's work
         for `key` (plain routes only: a known version): `bundle_per_slot` sent bundles
-        per slot still unanswered (one running, one on the wire), or with
+        per slot still unanswered (one running, one on the wire; one from
+        `bundle_deep_per_slot` requests per slot in flight here on), or with
         ``bundle_hold_by="requests"`` that many requests per slot in flight."""
         if not self._per_slot:
             return False
-        count = self._sent_by_key if self._hold_by_bundles else self._by_key
-        return 0 < self._slot_count(model, version) * self._per_slot <= count.get(key, 0)
+        slots = self._slot_count(model, version)
+        if not self._hold_by_bundles:
+            return 0 < slots * self._per_slot <= self._by_key.get(key, 0)
+        per_slot = self._per_slot
+        if self._deep and self._by_key.get(key, 0) >= self._deep * slots:
+            per_slot = 1
+        return 0 < slots * per_slot <= self._sent_by_key.get(key, 0)
 
     def _slot_count(self, model: str, version: str) -> int:
         """Execution slots of `version` (0: unknown, as for a route's alias)."""
