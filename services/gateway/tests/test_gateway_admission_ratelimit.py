@@ -136,7 +136,8 @@ def ideal_admissions(
 
 async def test_three_gateways_hold_the_cluster_limit(redis_server: RedisServer) -> None:
     admin = connect_redis(redis_server.url)
-    await set_limit(admin, KEYS, Limit(Scope.MODEL, "fraud", 200))
+    limit = Limit(Scope.MODEL, "fraud", 200)
+    await set_limit(admin, KEYS, limit)
     await set_limit(admin, KEYS, Limit(Scope.MODEL, "other", 1000))
     await set_limit(admin, KEYS, Limit(Scope.INTERFACE, "ModelInfer", 100_000))
     warmup, measured = 0.5, 2.5
@@ -156,8 +157,8 @@ async def test_three_gateways_hold_the_cluster_limit(redis_server: RedisServer) 
     # To the last call: a generator that fell behind catches up past its schedule.
     window = max(t.attempted_at[-1] for t in fraud) - since
     admitted = sum(t.admitted_since(since) for t in fraud)
-    # Capacity 20 (the default: 2 leases of 10): full again 0.1 s after a drain.
-    ideal = ideal_admissions(fraud, 200, 20, start, since)
+    # The bucket's own capacity (20: two leases of 10), full again 0.1 s after a drain.
+    ideal = ideal_admissions(fraud, limit.qps, limit.capacity, start, since)
     detail = (admitted, ideal, round(window, 3), [t.admitted for t in fraud])
     print(f"\nadmitted {admitted / window:.1f}/s for a limit of 200/s, ideal bucket {ideal}")
     # Never over the limit; under it by at most 10 % of what an ideal bucket would
