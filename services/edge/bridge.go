@@ -51,6 +51,7 @@ func (rawCodec) String() string { return "proto" }
 
 type bridge struct {
 	nc       *nats.Conn
+	calls    *calls
 	subject  string
 	maxWait  time.Duration
 	upstream *grpc.ClientConn
@@ -116,36 +117,29 @@ func (b *bridge) unary(method string, stream grpc.ServerStream, req *frame) erro
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	reply, err := b.nc.RequestMsgWithContext(waitCtx, msg)
-	if err != nil {
+	call := b.calls.open()
+	msg.Reply = call.reply
+	msg.Header["Ib-Reply-Frames"] = []string{b.calls.framesSubject()}
+	if err := b.nc.PublishMsg(msg); err != nil {
+		b.calls.forget(call)
 		return busError(ctx, b.subject, err)
 	}
-	trailer := metadata.MD{}
-	code := codes.OK
-	text := ""
-	for key, values := range reply.Header {
-		switch key {
-		case "Ib-Status":
-			n, convErr := strconv.Atoi(values[0])
-			if convErr != nil {
-				return status.Errorf(codes.Internal, "edge: a gateway answered with status %q", values[0])
-			}
-			code = codes.Code(n)
-		case "Ib-Message":
-			text = values[0]
-		default:
-			if key == strings.ToLower(key) {
-				trailer[key] = values
-			}
+	select {
+	case a := <-call.answered:
+		if a.busErr != nil {
+			return busError(ctx, b.subject, a.busErr)
 		}
+		if len(a.trailer) > 0 {
+			stream.SetTrailer(a.trailer)
+		}
+		if a.err != nil {
+			return a.err
+		}
+		return stream.SendMsg(&frame{payload: a.body})
+	case <-waitCtx.Done():
+		b.calls.forget(call)
+		return busError(ctx, b.subject, waitCtx.Err())
 	}
-	if len(trailer) > 0 {
-		stream.SetTrailer(trailer)
-	}
-	if code != codes.OK {
-		return status.Error(code, text)
-	}
-	return stream.SendMsg(&frame{payload: reply.Data})
 }
 
 // busError is the status a client sees when the bus did not bring an answer.

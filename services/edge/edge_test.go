@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -157,5 +158,109 @@ func TestSettingsComeFromInferbusEdgeVariables(t *testing.T) {
 	}
 	if got := env("HOST", "127.0.0.1"); got != "" {
 		t.Fatalf("a variable set to empty is that value, got %q", got)
+	}
+}
+
+// replyRecord builds one reply frame record as a gateway does.
+func replyRecord(id uint64, code codes.Code, meta string, body string) []byte {
+	b := make([]byte, recordHead)
+	binary.LittleEndian.PutUint64(b, id)
+	binary.LittleEndian.PutUint16(b[8:], uint16(code))
+	binary.LittleEndian.PutUint32(b[10:], uint32(len(meta)))
+	binary.LittleEndian.PutUint32(b[14:], uint32(len(body)))
+	return append(append(b, meta...), body...)
+}
+
+func TestReplyFrameRecordsReachTheirCalls(t *testing.T) {
+	var data []byte
+	data = append(data, replyRecord(7, codes.OK, "", "response seven")...)
+	data = append(data, replyRecord(8, codes.ResourceExhausted, "over the limit of tenant a\nretry-after:2\ninferbus-reason:rate", "")...)
+	data = append(data, replyRecord(9, codes.OK, "\nx-model-version:3", "nine")...)
+	got := map[uint64]answer{}
+	n, err := parseFrame(data, func(id uint64, a answer) { got[id] = a })
+	if err != nil || n != 3 {
+		t.Fatalf("parseFrame = %d, %v; want 3 records", n, err)
+	}
+	if a := got[7]; a.err != nil || string(a.body) != "response seven" || len(a.trailer) != 0 {
+		t.Errorf("record 7 = %+v", a)
+	}
+	a := got[8]
+	if s := status.Convert(a.err); s.Code() != codes.ResourceExhausted || s.Message() != "over the limit of tenant a" {
+		t.Errorf("record 8's status = %v %q", s.Code(), s.Message())
+	}
+	if a.trailer["retry-after"][0] != "2" || a.trailer["inferbus-reason"][0] != "rate" {
+		t.Errorf("record 8's trailers = %v", a.trailer)
+	}
+	if a := got[9]; a.err != nil || string(a.body) != "nine" || a.trailer["x-model-version"][0] != "3" {
+		t.Errorf("record 9 = %+v", a)
+	}
+	// A body must not reach past its own record (callers may append to it).
+	if cap(got[7].body) != len(got[7].body) {
+		t.Errorf("record 7's body shares capacity with the next record")
+	}
+}
+
+func TestACutShortReplyFrameDeliversTheRecordsBeforeTheCut(t *testing.T) {
+	whole := append(replyRecord(1, codes.OK, "", "one"), replyRecord(2, codes.OK, "", "two")...)
+	for _, cut := range []int{len(whole) - 1, len(whole) - 4, len(replyRecord(1, codes.OK, "", "one")) + 5} {
+		var ids []uint64
+		n, err := parseFrame(whole[:cut], func(id uint64, _ answer) { ids = append(ids, id) })
+		if err == nil || n != 1 || len(ids) != 1 || ids[0] != 1 {
+			t.Errorf("cut at %d: parseFrame = %d, %v, delivered %v; want record 1 and an error", cut, n, err, ids)
+		}
+	}
+}
+
+func TestAnswersOnACallsOwnSubject(t *testing.T) {
+	noOne := &nats.Msg{Header: nats.Header{"Status": {"503"}}}
+	if a := answerFromHeaders(noOne); a.busErr != nats.ErrNoResponders {
+		t.Errorf("nats-server's 503 must read as no responders, got %+v", a)
+	}
+	refused := &nats.Msg{Header: nats.Header{
+		"Ib-Status": {"3"}, "Ib-Message": {"input 'x' has shape [2]"}, "inferbus-reason": {"shape"},
+	}}
+	a := answerFromHeaders(refused)
+	if s := status.Convert(a.err); s.Code() != codes.InvalidArgument || s.Message() != "input 'x' has shape [2]" {
+		t.Errorf("status = %v %q", s.Code(), s.Message())
+	}
+	if a.trailer["inferbus-reason"][0] != "shape" {
+		t.Errorf("trailers = %v", a.trailer)
+	}
+	garbled := &nats.Msg{Header: nats.Header{"Ib-Status": {"eight"}}}
+	if s := status.Convert(answerFromHeaders(garbled).err); s.Code() != codes.Internal {
+		t.Errorf("an unreadable status must be INTERNAL, got %v", s.Code())
+	}
+	ok := &nats.Msg{Data: []byte("response"), Header: nats.Header{}}
+	if a := answerFromHeaders(ok); a.err != nil || string(a.body) != "response" {
+		t.Errorf("a plain answer = %+v", a)
+	}
+}
+
+func TestCallsGetTheirOwnAnswerOnceAndAForgottenCallNone(t *testing.T) {
+	c := &calls{waiting: map[uint64]chan answer{}, base: "_INBOX.test"}
+	a, b, gone := c.open(), c.open(), c.open()
+	if b.id != a.id+1 || b.reply != fmt.Sprintf("_INBOX.test.c.%d", b.id) {
+		t.Fatalf("ids %d %d, reply subject %q", a.id, b.id, b.reply)
+	}
+	c.forget(gone) // its deadline passed
+	frame := append(replyRecord(b.id, codes.OK, "", "for b"), replyRecord(gone.id, codes.OK, "", "late")...)
+	c.onMsg(&nats.Msg{Subject: c.framesSubject(), Data: frame})
+	if got := <-b.answered; string(got.body) != "for b" {
+		t.Errorf("b got %q", got.body)
+	}
+	if len(gone.answered) != 0 || len(a.answered) != 0 {
+		t.Errorf("an answer reached a call it was not for")
+	}
+	// On the call's own subject: a gateway without frames, or nats-server's no responders.
+	c.onMsg(&nats.Msg{Subject: a.reply, Header: nats.Header{"Status": {"503"}}})
+	if got := <-a.answered; got.busErr != nats.ErrNoResponders {
+		t.Errorf("a got %+v, want no responders", got)
+	}
+	c.onMsg(&nats.Msg{Subject: b.reply, Data: []byte("a duplicate")})
+	if len(b.answered) != 0 {
+		t.Errorf("a second answer reached b")
+	}
+	if len(c.waiting) != 0 {
+		t.Errorf("%d calls still wait", len(c.waiting))
 	}
 }

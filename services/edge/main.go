@@ -224,7 +224,11 @@ func main() {
 		log.Fatalf("edge: cannot connect to NATS at %s: %v", o.natsURL, err)
 	}
 	stats := newStats()
-	bridge := &bridge{nc: nc, subject: o.subject, maxWait: o.maxWait, stats: stats}
+	answers, err := newCalls(nc, stats)
+	if err != nil {
+		log.Fatalf("edge: cannot subscribe to its answer inbox: %v", err)
+	}
+	bridge := &bridge{nc: nc, calls: answers, subject: o.subject, maxWait: o.maxWait, stats: stats}
 	if o.upstream != "" {
 		bridge.upstream, err = dialUpstream(o.upstream, o.maxMessage, upstreamTLS)
 		if err != nil {

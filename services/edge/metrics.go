@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"log"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -26,6 +27,27 @@ type stats struct {
 	calls   map[callKey]uint64
 	seconds map[string]float64
 	passed  map[callKey]uint64
+	frames  uint64 // reply frames received
+	framed  uint64 // answers that came in them
+	broken  uint64 // reply frames cut short
+}
+
+// frame counts one reply frame of n answers (err: it was cut short after them).
+func (s *stats) frame(n int, err error) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.frames++
+	s.framed += uint64(n)
+	if err != nil {
+		s.broken++
+	}
+	s.mu.Unlock()
+	if err != nil {
+		// The calls it did not reach end at their deadlines.
+		log.Printf("edge: %v", err)
+	}
 }
 
 func newStats() *stats {
@@ -90,6 +112,15 @@ func (s *stats) render() string {
 	for _, k := range sortedKeys(s.passed) {
 		fmt.Fprintf(&b, "inferbus_edge_proxied_total{method=%q,code=%q} %d\n", k.method, k.code.String(), s.passed[k])
 	}
+	b.WriteString("# HELP inferbus_edge_reply_frames_total Messages from the gateways that carried several answers (reply frames).\n")
+	b.WriteString("# TYPE inferbus_edge_reply_frames_total counter\n")
+	fmt.Fprintf(&b, "inferbus_edge_reply_frames_total %d\n", s.frames)
+	b.WriteString("# HELP inferbus_edge_framed_answers_total Answers that came in reply frames.\n")
+	b.WriteString("# TYPE inferbus_edge_framed_answers_total counter\n")
+	fmt.Fprintf(&b, "inferbus_edge_framed_answers_total %d\n", s.framed)
+	b.WriteString("# HELP inferbus_edge_reply_frames_broken_total Reply frames cut short (the calls they did not reach end at their deadlines).\n")
+	b.WriteString("# TYPE inferbus_edge_reply_frames_broken_total counter\n")
+	fmt.Fprintf(&b, "inferbus_edge_reply_frames_broken_total %d\n", s.broken)
 	return b.String()
 }
 

@@ -115,9 +115,12 @@ def _served(stack, proc: ServiceProcess) -> float:
     )
 
 
+@pytest.mark.parametrize("second_frames", ["true", "false"])
 async def test_one_connection_spreads_over_every_gateway_process_and_loses_nothing(
-    stack, edge, tmp_path
+    stack, edge, tmp_path, second_frames: str
 ) -> None:
+    # The first process answers in reply frames; the second too, or (a gateway
+    # from before frames, in a rolling upgrade) on each call's own subject.
     second = ServiceProcess(
         "inferbus_gateway",
         name="gw2",
@@ -125,6 +128,7 @@ async def test_one_connection_spreads_over_every_gateway_process_and_loses_nothi
             "INFERBUS_GATEWAY_NATS_URL": stack.nats_url,
             "INFERBUS_GATEWAY_HTTP_PORT": "0",
             "INFERBUS_GATEWAY_GRPC_PORT": "0",
+            "INFERBUS_GATEWAY_EDGE_REPLY_FRAMES": second_frames,
         },
         log_dir=tmp_path,
     )
@@ -158,6 +162,15 @@ async def test_one_connection_spreads_over_every_gateway_process_and_loses_nothi
         shares = [a - b for a, b in zip(after, before, strict=True)]
         assert all(s > 0 for s in shares), f"calls per gateway process: {shares}"
         assert statuses == {"OK": 400}, statuses
+        # Answers came in frames, several to a frame at times.
+        edge_metrics = stack.metrics(edge)
+        framed = edge_metrics["inferbus_edge_framed_answers_total{}"]
+        frames = edge_metrics["inferbus_edge_reply_frames_total{}"]
+        assert frames < framed, (frames, framed, shares)
+        if second_frames == "true":
+            assert framed >= 400, (framed, shares)
+        else:
+            assert framed <= 400 - shares[1], (framed, shares)
 
         # The second process leaves (SIGTERM) under load: every call still gets
         # exactly one answer, OK (the queue group hands new calls to the first).

@@ -146,6 +146,7 @@ def test_no_credentials_is_refused(secured) -> None:
         ("edge", "ib.fast.w-1", "the edge does not reach workers"),
         ("edge", f"$KV.{SUBJECTS.routes_bucket}.fraud", "the edge writes no catalog"),
         ("worker", "ib.edge.grpc", "only the edge sends gRPC calls to the gateways"),
+        ("worker", "_INBOX_edge.abc.r", "only gateways answer the edge"),
     ],
 )
 async def test_publish_outside_permissions_is_refused(
@@ -195,6 +196,7 @@ async def test_subscribe_outside_permissions_is_refused(
         ("gateway", "ib.seqwho.acc.1"),
         ("gateway", "ib.alive.w-1"),  # a liveness probe of a worker (noworker.py)
         ("edge", "ib.edge.grpc"),  # a unary gRPC call, to the gateways' queue group
+        ("gateway", "_INBOX_edge.abc.r"),  # a reply frame, to the edge's inbox
     ],
 )
 async def test_allowed_publish_is_delivered(secured, as_role, role: str, subject: str) -> None:

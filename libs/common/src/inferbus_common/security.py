@@ -128,6 +128,8 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
             subjects.sequence_locate_all,
             f"$KV.{subjects.drift_bucket}.>",
             *audit_stream_api,
+            # Reply frames: answers to the edge's calls, gathered, on its inbox.
+            f"{inbox_prefix('edge')}.>",
         ]
         # Unary calls the gRPC edge (services/edge) carries over NATS.
         sub += [replies, subjects.edge_grpc()]

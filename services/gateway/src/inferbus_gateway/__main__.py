@@ -218,7 +218,11 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
             )
             add_servicer_to_server(servicer, server)
             edge = EdgeListener(
-                nc, subjects.edge_grpc(), servicer, max_in_flight=settings.edge_max_in_flight
+                nc,
+                subjects.edge_grpc(),
+                servicer,
+                max_in_flight=settings.edge_max_in_flight,
+                reply_frames=settings.edge_reply_frames,
             )
             grpc_addr = f"{settings.host}:{settings.grpc_port}"
             credentials = _grpc_tls(settings)

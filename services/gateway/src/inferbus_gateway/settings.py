@@ -85,6 +85,10 @@ class GatewaySettings(ServiceSettings):
     ``gateway``). Costs nothing while no edge runs."""
     edge_max_in_flight: int = Field(default=1024, ge=1)
     """Edge calls this process serves at once; more wait on the bus."""
+    edge_reply_frames: bool = True
+    """Answer an edge that asks for it with reply frames: the answers ready at one
+    moment for one edge go out as one NATS message (a bundle's calls come back
+    together). False: each answer on its call's own reply subject."""
     system_shared_memory: bool = True
     """Serve Triton's system shared-memory extension: clients on this host may name
     POSIX shared-memory regions (``/dev/shm``) for tensors. False refuses to register

@@ -6,9 +6,12 @@ The edge terminates gRPC outside Python and publishes each unary call of
 deadline, peer and text metadata as headers. Here a gateway process decodes the
 body exactly as its own gRPC port does (`tolerant`: an undecodable request is
 INVALID_ARGUMENT), runs the same servicer method with an `EdgeContext` standing
-in for grpc.aio's, and replies with the response bytes, or with the status and
-trailing metadata in headers (the contract is in ``services/edge/main.go`` and
-docs/architecture.md).
+in for grpc.aio's, and answers with the response bytes, or with the status and
+trailing metadata. An edge that asks for them (``Ib-Reply-Frames``) gets its
+answers in reply frames: those ready at one moment (a bundle's requests come back
+together) go out as one message (`ReplyFrames`); otherwise each answer goes on its
+call's own reply subject with headers. The contracts are in
+``services/edge/main.go``, ``services/edge/replies.go`` and docs/architecture.md.
 
 Why: grpc.aio accepts one call per method at a time, re-armed through the event
 loop, so a loop that also runs the pipeline and NATS caps one connection's call
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -39,7 +43,10 @@ TIMEOUT_US = "Ib-Timeout-Us"
 PEER = "Ib-Peer"
 STATUS = "Ib-Status"
 MESSAGE = "Ib-Message"
+REPLY_FRAMES = "Ib-Reply-Frames"
 QUEUE = "gateway"
+RECORD = struct.Struct("<QHII")
+"""A reply frame's record head: call id, gRPC status, meta length, body length."""
 
 
 class EdgeAbort(grpc.aio.AbortError):
@@ -107,10 +114,21 @@ class EdgeListener:
             up on it by name).
         max_in_flight: calls served at once by this process; more wait in the
             subscription (the edge's deadline still runs).
+        reply_frames: answer an edge that asks for it (``Ib-Reply-Frames``) with
+            reply frames; off: every answer on its call's own subject.
     """
 
-    def __init__(self, nc: Client, subject: str, servicer: Any, *, max_in_flight: int) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        subject: str,
+        servicer: Any,
+        *,
+        max_in_flight: int,
+        reply_frames: bool = True,
+    ) -> None:
         self._nc = nc
+        self._frames = ReplyFrames(nc) if reply_frames else None
         self._subject = subject
         self._methods: dict[str, tuple[Callable[[bytes], Any], Handler]] = {
             f"/{SERVICE}/{name}": pair for name, pair in unary_methods(servicer).items()
@@ -141,6 +159,8 @@ class EdgeListener:
                 log.warning("leaving the edge's queue group: %s", exc or type(exc).__name__)
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        if self._frames is not None:
+            await self._frames.flushed(timeout_s)
 
     async def _on_msg(self, msg: Msg) -> None:
         await self._slots.acquire()
@@ -179,6 +199,12 @@ class EdgeListener:
             context.code, context.details = grpc.StatusCode.INTERNAL, "internal error"
         if not msg.reply:
             return
+        frames = headers.get(REPLY_FRAMES)
+        if frames and self._frames is not None:
+            call_id = _call_id(msg.reply)
+            if call_id is not None:
+                self._frames.add(frames, call_id, context, body)
+                return
         reply_headers = {k: _single_line(v) for k, v in context.trailers}
         if context.code is not grpc.StatusCode.OK:
             reply_headers[STATUS] = str(context.code.value[0])
@@ -187,6 +213,91 @@ class EdgeListener:
             await self._nc.publish(msg.reply, body, headers=reply_headers or None)
         except Exception as exc:  # the edge's wait then ends at the deadline
             log.warning("could not answer an edge call of %s: %s", method, exc)
+
+
+def _call_id(reply: str) -> int | None:
+    """The call id an edge put last in its reply subject (``<inbox>.c.<id>``)."""
+    _, _, last = reply.rpartition(".")
+    return int(last) if last.isdigit() else None
+
+
+def pack_answer(call_id: int, context: EdgeContext, body: bytes) -> bytes:
+    """One record of a reply frame (the layout is in ``services/edge/replies.go``)."""
+    code = context.code.value[0]
+    if code == 0 and not context.trailers:
+        return RECORD.pack(call_id, 0, 0, len(body)) + body
+    lines = [_single_line(context.details) if code else ""]
+    lines += [f"{k}:{_single_line(v)}" for k, v in context.trailers]
+    meta = "\n".join(lines).encode()
+    return RECORD.pack(call_id, code, len(meta), len(body)) + meta + body
+
+
+class ReplyFrames:
+    """Gathers the answers ready at one moment for one edge into one message.
+
+    The answers to a bundle's requests come back in one reply and finish their
+    calls in the same turn of the event loop; each is added here, and the frame
+    goes out once that turn's ready callbacks have run (``call_soon``), or at
+    once when the next answer would take it past the bus's ``max_payload``.
+
+    Args:
+        nc: the gateway's NATS connection.
+    """
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self._open: dict[str, tuple[list[bytes], list[int]]] = {}
+        self._sending: set[asyncio.Task[None]] = set()
+
+    @property
+    def _limit(self) -> int:
+        return max(1024, self._nc.max_payload - 1024)
+
+    def add(self, subject: str, call_id: int, context: EdgeContext, body: bytes) -> None:
+        """Queue one call's answer for the frame going to `subject`."""
+        record = pack_answer(call_id, context, body)
+        limit = self._limit
+        if len(record) > limit:
+            too_big = EdgeContext({}, None, "")
+            too_big.code = grpc.StatusCode.RESOURCE_EXHAUSTED
+            too_big.details = (
+                f"the answer is {len(body)} bytes, more than the bus carries (max_payload "
+                f"{self._nc.max_payload}); call the gateway's own gRPC port for answers this large"
+            )
+            record = pack_answer(call_id, too_big, b"")
+        entry = self._open.get(subject)
+        if entry is None:
+            entry = self._open[subject] = ([], [0])
+            asyncio.get_running_loop().call_soon(self._flush, subject)
+        elif entry[1][0] + len(record) > limit:
+            self._send(subject, entry[0])
+            entry[0].clear()
+            entry[1][0] = 0
+        entry[0].append(record)
+        entry[1][0] += len(record)
+
+    def _flush(self, subject: str) -> None:
+        entry = self._open.pop(subject, None)
+        if entry is not None and entry[0]:
+            self._send(subject, entry[0])
+
+    def _send(self, subject: str, records: list[bytes]) -> None:
+        task = asyncio.ensure_future(self._publish(subject, b"".join(records), len(records)))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _publish(self, subject: str, data: bytes, answers: int) -> None:
+        try:
+            await self._nc.publish(subject, data)
+        except Exception as exc:  # the edge's waits then end at their deadlines
+            log.warning("could not send %d answers to the edge: %s", answers, exc)
+
+    async def flushed(self, timeout_s: float) -> None:
+        """Wait until the frames handed to the connection have been published."""
+        for subject in list(self._open):
+            self._flush(subject)
+        if self._sending:
+            await asyncio.wait(set(self._sending), timeout=timeout_s)
 
 
 def _timeout_s(value: str | None) -> float | None:
