@@ -21,7 +21,7 @@ from inferbus_common.protocol import headers as h
 from inferbus_common.protocol.replies import error_headers
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission.tokens import TokenLimiter, estimate_prompt_tokens, set_tpm_limit
-from inferbus_gateway.generation import GenerationDispatcher
+from inferbus_gateway.generation import ChunkStream, GenerationDispatcher
 from inferbus_gateway.rest.openai import error_body
 from inferbus_gateway.rest.openai_request import parse_openai
 
@@ -224,5 +224,66 @@ async def test_a_cancel_that_overtook_its_request_is_sent_again_once(
         await bus.sync(nats_client)
         await asyncio.sleep(0.3)
         assert cancels == ["c"]
+    finally:
+        await dispatcher.stop()
+
+
+async def test_a_stream_that_stops_midway_ends_at_its_deadline(nats_client) -> None:
+    """One timer serves the whole stream: chunks first, then silence, then the deadline."""
+    dispatcher = GenerationDispatcher(nats_client, Subjects("ib"), "gw-test")
+    await dispatcher.start()
+    try:
+        reply, stream = dispatcher.open()
+        await bus.sync(nats_client)
+        for seq in (0, 1):
+            body = GenerationChunk(text=f"<{seq}>", tokens=1).encode()
+            await nats_client.publish(reply, body, headers={h.SEQ: str(seq)})
+        got = []
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(DeadlineExceeded):
+            async with asyncio.timeout(5):
+                async for chunk in stream.chunks(h.deadline_from_timeout(0.4)):
+                    got.append(chunk.text)
+        assert got == ["<0>", "<1>"]
+        assert 0.3 < loop.time() - started < 2.0
+    finally:
+        await dispatcher.stop()
+
+
+async def test_a_deadline_timer_that_fires_early_is_armed_again(monkeypatch) -> None:
+    """The timer runs on the loop's clock, the deadline on the wall clock: a timer
+    that fires before the deadline (clock steps) must not leave the wait without one."""
+    stream = ChunkStream()
+    real = h.remaining_s
+    calls = {"n": 0}
+
+    def skewed(deadline_ns: int) -> float:
+        calls["n"] += 1
+        # The first reading arms the timer 0.05 s early.
+        return real(deadline_ns) - (0.05 if calls["n"] == 1 else 0.0)
+
+    monkeypatch.setattr(h, "remaining_s", skewed)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(DeadlineExceeded):
+        async with asyncio.timeout(5):
+            async for _ in stream.chunks(h.deadline_from_timeout(0.3)):
+                pass
+    assert 0.25 < loop.time() - started < 2.0
+
+
+async def test_a_message_with_an_unreadable_sequence_number_fails_the_stream(
+    nats_client,
+) -> None:
+    dispatcher = GenerationDispatcher(nats_client, Subjects("ib"), "gw-test")
+    await dispatcher.start()
+    try:
+        reply, stream = dispatcher.open()
+        await bus.sync(nats_client)
+        await nats_client.publish(reply, b"{}", headers={h.SEQ: "zero"})
+        with pytest.raises(Unavailable, match="unexpected message"):
+            async for _ in stream.chunks(h.deadline_from_timeout(5.0)):
+                pass
     finally:
         await dispatcher.stop()

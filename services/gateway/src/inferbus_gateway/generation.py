@@ -23,6 +23,7 @@ the request in vLLM.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -75,7 +76,7 @@ tokens are numbers)."""
 
 
 class ChunkMessage(Protocol):
-    """What a stream reads of a chunk: a NATS message, or a chunk unpacked from a frame."""
+    """A message on a stream's inbox: a chunk of its own, or the router's error."""
 
     @property
     def headers(self) -> dict[str, str] | None: ...
@@ -84,18 +85,17 @@ class ChunkMessage(Protocol):
     def data(self) -> bytes: ...
 
 
-class FramedChunk:
-    """One chunk of a frame, with the headers its own message would have had."""
-
-    __slots__ = ("data", "headers")
-
-    def __init__(self, headers: dict[str, str], data: bytes) -> None:
-        self.headers = headers
-        self.data = data
+_Piece = tuple[int, bool, str, dict[str, str] | None, bytes]
+"""What a stream holds of a message: (Ib-Seq, -1 for none; final; version; the
+headers when they may carry an error, None for a chunk of a frame; body)."""
 
 
 class ChunkStream:
     """One request's chunks, reordered by ``Ib-Seq``.
+
+    A stream waits on one future that `feed` resolves, and one timer for its
+    whole deadline; a per-chunk ``asyncio.timeout`` and queue cost a few
+    microseconds of every token (bench/findings.md, round 20).
 
     Args:
         window: out-of-order chunks held while waiting for a missing one.
@@ -106,7 +106,10 @@ class ChunkStream:
     """
 
     def __init__(self, window: int = 32, gap_timeout_s: float = 2.0) -> None:
-        self._queue: asyncio.Queue[ChunkMessage] = asyncio.Queue()
+        self._ready: collections.deque[_Piece] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._expired = False
+        """The deadline's timer fired (a wait after it needs a new one)."""
         self._window = window
         self._gap_timeout_s = gap_timeout_s
         self.version = ""
@@ -114,15 +117,49 @@ class ChunkStream:
         """Whether any message came (then a worker, or the router, holds the request)."""
 
     def feed(self, msg: ChunkMessage) -> None:
-        """Called by the dispatcher for every message on this request's inbox."""
-        self.received = True
-        self._queue.put_nowait(msg)
+        """Called by the dispatcher for a message of its own on this request's inbox."""
+        headers = msg.headers or {}
+        seq_text = headers.get(h.SEQ)
+        try:
+            seq = -1 if seq_text is None else int(seq_text)
+        except ValueError:
+            seq = -1
+        final = headers.get(h.FINAL) == "1"
+        self._push((seq, final, headers.get(h.VERSION, ""), headers, msg.data))
 
-    async def _next_message(self, timeout_s: float) -> ChunkMessage | None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                return await self._queue.get()
-        return None
+    def feed_framed(self, seq: int, final: bool, version: str, data: bytes) -> None:
+        """Called by the dispatcher for this request's chunk of a chunk frame."""
+        self._push((seq, final, version, None, data))
+
+    def _push(self, piece: _Piece) -> None:
+        self.received = True
+        self._ready.append(piece)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _expire(self) -> None:
+        self._expired = True
+        self._wake()
+
+    async def _next(self, timeout_s: float | None) -> tuple[_Piece | None, bool]:
+        """The next piece, and whether it had to be waited for; (None, True) when
+        woken without one (the deadline's timer, or `timeout_s`)."""
+        if self._ready:
+            return self._ready.popleft(), False
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        timer = None if timeout_s is None else loop.call_later(timeout_s, self._wake)
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+        return (self._ready.popleft() if self._ready else None), True
 
     async def chunks(self, deadline_ns: int) -> AsyncIterator[GenerationChunk]:
         """Yield chunks in order until the final one.
@@ -133,57 +170,66 @@ class ChunkStream:
             Unavailable: a gap in the sequence, or a malformed chunk.
         """
         expected = 0
-        held: dict[int, ChunkMessage] = {}
-        while True:
-            msg = held.pop(expected, None)
-            if msg is None:
-                remaining = h.remaining_s(deadline_ns)
-                if remaining <= 0:
-                    raise DeadlineExceeded("the generation passed its deadline")
-                wait = min(remaining, self._gap_timeout_s) if held else remaining
-                msg = await self._next_message(wait)
-                if msg is None:
-                    if held:
-                        GEN_GAPS.inc()
-                        raise Unavailable(
-                            f"the stream lost chunk {expected} (later chunks arrived); "
-                            "the answer is incomplete, retry the request"
-                        )
-                    continue  # loop re-checks the deadline
-                headers = msg.headers or {}
-                seq_text = headers.get(h.SEQ)
-                if seq_text is None:
-                    # Not a chunk: an error from the router (no route, not found...).
+        held: dict[int, _Piece] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.call_later(max(0.0, h.remaining_s(deadline_ns)), self._expire)
+        try:
+            while True:
+                piece = held.pop(expected, None)
+                waited = False
+                if piece is None:
+                    remaining = h.remaining_s(deadline_ns)
+                    if remaining <= 0:
+                        raise DeadlineExceeded("the generation passed its deadline")
+                    if self._expired:  # fired a little early (clocks): arm it again
+                        self._expired = False
+                        deadline = loop.call_later(remaining + 0.001, self._expire)
+                    gap_wait = min(remaining, self._gap_timeout_s) if held else None
+                    piece, waited = await self._next(gap_wait)
+                    if piece is None:
+                        if held:
+                            GEN_GAPS.inc()
+                            raise Unavailable(
+                                f"the stream lost chunk {expected} (later chunks arrived); "
+                                "the answer is incomplete, retry the request"
+                            )
+                        continue  # woken by the deadline's timer: re-checked above
+                    seq, _, _, headers, _ = piece
+                    if seq < 0:
+                        # Not a chunk: an error from the router (no route, not found...).
+                        err = error_from_reply(headers)
+                        raise err or Unavailable("an unexpected message arrived on the stream")
+                    if seq < expected or seq in held:
+                        continue  # a duplicate
+                    if seq > expected:
+                        held[seq] = piece
+                        if len(held) > self._window:
+                            GEN_GAPS.inc()
+                            raise Unavailable(
+                                f"the stream lost chunk {expected}; the answer is incomplete, "
+                                "retry the request"
+                            )
+                        continue
+                expected += 1
+                _, final, version, headers, data = piece
+                if headers is not None:
                     err = error_from_reply(headers)
-                    raise err or Unavailable("an unexpected message arrived on the stream")
-                seq = int(seq_text)
-                if seq < expected or seq in held:
-                    continue  # a duplicate
-                if seq > expected:
-                    held[seq] = msg
-                    if len(held) > self._window:
-                        GEN_GAPS.inc()
-                        raise Unavailable(
-                            f"the stream lost chunk {expected}; the answer is incomplete, "
-                            "retry the request"
-                        )
-                    continue
-            expected += 1
-            headers = msg.headers or {}
-            err = error_from_reply(headers)
-            if err is not None:
-                raise err
-            try:
-                chunk = GenerationChunk.decode(msg.data)
-            except ValueError:
-                raise Unavailable("a worker sent a malformed chunk; see its logs") from None
-            if not self.version:
-                self.version = headers.get(h.VERSION, "")
-            yield chunk
-            if headers.get(h.FINAL) == "1":
-                return
-            # A full queue answers get() without suspending: let other streams run.
-            await asyncio.sleep(0)
+                    if err is not None:
+                        raise err
+                try:
+                    chunk = GenerationChunk.decode(data)
+                except ValueError:
+                    raise Unavailable("a worker sent a malformed chunk; see its logs") from None
+                if not self.version:
+                    self.version = version
+                yield chunk
+                if final:
+                    return
+                if not waited:
+                    # Taken without waiting: let other streams run.
+                    await asyncio.sleep(0)
+        finally:
+            deadline.cancel()
 
 
 class GenerationDispatcher:
@@ -239,27 +285,34 @@ class GenerationDispatcher:
         await self._deliver(token, msg)
 
     async def _on_frame(self, msg: Msg) -> None:
-        """Hand each chunk of a frame to its stream, as if it came on its own."""
+        """Hand each chunk of a frame to its stream."""
         version = (msg.headers or {}).get(h.VERSION, "")
         cut = len(self._inbox) + 1
+        streams = self._streams
         try:
             for reply, seq, final, body in unpack_chunks(msg.data):
-                headers = {h.SEQ: str(seq), h.VERSION: version}
-                if final:
-                    headers[h.FINAL] = "1"
-                await self._deliver(reply[cut:], FramedChunk(headers, body))
+                stream = streams.get(reply[cut:])
+                if stream is not None:
+                    stream.feed_framed(seq, final, version, body)
+                else:
+                    await self._late(reply[cut:], not final)
         except ValueError as exc:
             GEN_FRAMES_BAD.inc()
             log.warning("a malformed chunk frame was dropped: %s", exc)
 
-    async def _deliver(self, token: str, msg: ChunkMessage) -> None:
+    async def _deliver(self, token: str, msg: Msg) -> None:
         stream = self._streams.get(token)
         if stream is not None:
             stream.feed(msg)
             return
-        unanswered = self._unanswered.pop(token, None)
         headers = msg.headers or {}
-        if unanswered is not None and h.SEQ in headers and headers.get(h.FINAL) != "1":
+        await self._late(token, h.SEQ in headers and headers.get(h.FINAL) != "1")
+
+    async def _late(self, token: str, more_to_come: bool) -> None:
+        """A chunk for no open stream: a request cancelled before its worker took it
+        gets its cancel once more."""
+        unanswered = self._unanswered.pop(token, None)
+        if unanswered is not None and more_to_come:
             # A worker took the request after its cancel went by: cancel it again.
             GEN_CANCELS.labels("late").inc()
             try:
