@@ -18,9 +18,14 @@
 //	                 Ib-Timeout-Us   the client's remaining deadline (absent: none)
 //	                 Ib-Peer         the client's address
 //	                 <key>           each text metadata entry of the call (lowercase keys)
+//	                 Ib-Reply-Frames where the gateway may send reply frames (replies.go)
 //	reply headers    Ib-Status       the gRPC status code (absent: OK)
 //	                 Ib-Message      the status message
 //	                 <key>           trailing metadata (lowercase keys)
+//
+// A gateway answers either on the call's own reply subject with those headers,
+// or, gathered with the other answers it has ready for this edge, in a reply
+// frame (replies.go has the layout).
 //
 // Configuration: flags, each defaulting to an INFERBUS_EDGE_* variable (-help).
 //
