@@ -142,9 +142,18 @@ func (b *bridge) unary(method string, stream grpc.ServerStream, req *frame) erro
 	}
 }
 
+// orphanAfter is the edge's -orphan-after, for the status it gives an orphaned call.
+var orphanAfter time.Duration
+
 // busError is the status a client sees when the bus did not bring an answer.
 func busError(ctx context.Context, subject string, err error) error {
 	switch {
+	case errors.Is(err, errOrphaned):
+		return status.Errorf(codes.Unavailable,
+			"the gateway process that took this call stopped before answering (killed or frozen: no gateway has held it for %v); it may have run, retry with the same request id", orphanAfter)
+	case errors.Is(err, errCutOff):
+		return status.Error(codes.Unavailable,
+			"the edge lost its NATS connection while this call waited, so its answer cannot come back; it may have run, retry with the same request id")
 	case errors.Is(err, nats.ErrNoResponders):
 		return status.Errorf(codes.Unavailable,
 			"no gateway process answers on %s: start one (inferbus up) or check that the gateways run with the edge on", subject)

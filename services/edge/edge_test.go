@@ -237,7 +237,7 @@ func TestAnswersOnACallsOwnSubject(t *testing.T) {
 }
 
 func TestCallsGetTheirOwnAnswerOnceAndAForgottenCallNone(t *testing.T) {
-	c := &calls{waiting: map[uint64]chan answer{}, base: "_INBOX.test"}
+	c := &calls{waiting: map[uint64]*pending{}, base: "_INBOX.test"}
 	a, b, gone := c.open(), c.open(), c.open()
 	if b.id != a.id+1 || b.reply != fmt.Sprintf("_INBOX.test.c.%d", b.id) {
 		t.Fatalf("ids %d %d, reply subject %q", a.id, b.id, b.reply)
@@ -262,5 +262,62 @@ func TestCallsGetTheirOwnAnswerOnceAndAForgottenCallNone(t *testing.T) {
 	}
 	if len(c.waiting) != 0 {
 		t.Errorf("%d calls still wait", len(c.waiting))
+	}
+}
+
+func claim(ids ...uint64) []byte {
+	out := make([]byte, 0, 8*len(ids))
+	for _, id := range ids {
+		out = binary.LittleEndian.AppendUint64(out, id)
+	}
+	return out
+}
+
+func TestACallNoGatewayClaimsIsAnsweredUnavailableAndAClaimedOneWaits(t *testing.T) {
+	c := &calls{waiting: map[uint64]*pending{}, base: "_INBOX.test"}
+	held, orphan, fresh := c.open(), c.open(), c.open()
+	start := time.Now()
+	held.since, orphan.since = start.Add(-3*time.Second), start.Add(-3*time.Second)
+	// A gateway claims `held` (and an id the edge no longer waits for, and a
+	// torn last id): only `orphan` is older than the orphan time.
+	c.onMsg(&nats.Msg{Subject: "_INBOX.test.k", Data: append(claim(held.id, 999), 1, 2, 3)})
+	if n := c.expire(start.Add(-time.Second)); n != 1 {
+		t.Fatalf("expired %d calls, want 1", n)
+	}
+	got := <-orphan.answered
+	if got.busErr != errOrphaned {
+		t.Fatalf("the orphan got %+v", got)
+	}
+	orphanAfter = time.Second
+	if s := status.Convert(busError(context.Background(), "ib.edge.grpc", got.busErr)); s.Code() != codes.Unavailable ||
+		!strings.Contains(s.Message(), "stopped before answering") {
+		t.Errorf("an orphaned call's status = %v %q", s.Code(), s.Message())
+	}
+	if len(held.answered) != 0 || len(fresh.answered) != 0 || len(c.waiting) != 2 {
+		t.Errorf("a claimed or fresh call was answered (%d still wait)", len(c.waiting))
+	}
+	// Its claim ages too: with no claim for the orphan time it goes as well.
+	if n := c.expire(time.Now().Add(time.Second)); n != 2 {
+		t.Errorf("expired %d, want the 2 left", n)
+	}
+}
+
+func TestCallsWaitingWhenTheConnectionDropsAreAnsweredAtOnce(t *testing.T) {
+	c := &calls{waiting: map[uint64]*pending{}, base: "_INBOX.test"}
+	a, b := c.open(), c.open()
+	if n := c.cutOff(); n != 2 {
+		t.Fatalf("cut off %d, want 2", n)
+	}
+	for _, p := range []*pending{a, b} {
+		got := <-p.answered
+		if s := status.Convert(busError(context.Background(), "ib.edge.grpc", got.busErr)); s.Code() != codes.Unavailable ||
+			!strings.Contains(s.Message(), "lost its NATS connection") {
+			t.Errorf("call %d: %v %q", p.id, s.Code(), s.Message())
+		}
+	}
+	// The answers that come after the reconnect reach no one.
+	c.deliver(a.id, answer{body: []byte("late")})
+	if len(a.answered) != 0 || len(c.waiting) != 0 {
+		t.Errorf("a late answer was delivered")
 	}
 }

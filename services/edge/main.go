@@ -25,7 +25,10 @@
 //
 // A gateway answers either on the call's own reply subject with those headers,
 // or, gathered with the other answers it has ready for this edge, in a reply
-// frame (replies.go has the layout).
+// frame (replies.go has the layout). While it holds calls longer than 250 ms it
+// claims them (replies.go, "Claims"); a call no gateway claims for -orphan-after
+// (1 s), and every call waiting when the NATS connection drops, is answered
+// UNAVAILABLE at once instead of at its deadline.
 //
 // Configuration: flags, each defaulting to an INFERBUS_EDGE_* variable (-help).
 //
@@ -67,6 +70,7 @@ type options struct {
 	subject      string
 	maxMessage   int
 	maxWait      time.Duration
+	orphanAfter  time.Duration
 	drain        time.Duration
 	portsFile    string
 	profiling    bool
@@ -95,6 +99,18 @@ func envInt(name string, fallback int) int {
 	return n
 }
 
+func envDuration(name string, fallback time.Duration) time.Duration {
+	v := env(name, "")
+	if v == "" {
+		return fallback
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		log.Fatalf("edge: INFERBUS_EDGE_%s=%q is not a duration such as 1s or 500ms", name, v)
+	}
+	return d
+}
+
 // parseOptions: each flag defaults to its INFERBUS_EDGE_* variable.
 func parseOptions() options {
 	var o options
@@ -110,6 +126,7 @@ func parseOptions() options {
 	flag.StringVar(&o.subject, "subject", prefix+".edge.grpc", "subject the gateways answer edge calls on: <INFERBUS_EDGE_SUBJECT_PREFIX>.edge.grpc")
 	flag.IntVar(&o.maxMessage, "max-message-bytes", envInt("MAX_MESSAGE_BYTES", 64<<20), "largest gRPC message received or sent (INFERBUS_EDGE_MAX_MESSAGE_BYTES)")
 	flag.DurationVar(&o.maxWait, "max-wait", 300*time.Second, "longest wait for a gateway's answer to a call with no deadline")
+	flag.DurationVar(&o.orphanAfter, "orphan-after", envDuration("ORPHAN_AFTER", time.Second), "answer UNAVAILABLE a call no gateway has claimed for this long (its gateway was killed or froze); 0: off, for gateways from before claims (INFERBUS_EDGE_ORPHAN_AFTER)")
 	flag.DurationVar(&o.drain, "drain", 10*time.Second, "on SIGTERM, how long in-flight calls may take")
 	flag.StringVar(&o.portsFile, "ports-file", env("PORTS_FILE", ""), "write {\"pid\", \"grpc\", \"metrics\"} here once serving (INFERBUS_EDGE_PORTS_FILE)")
 	flag.StringVar(&o.inboxPrefix, "nats-inbox-prefix", env("NATS_INBOX_PREFIX", ""), "prefix of the edge's reply inboxes; empty: _INBOX_<nats user> with a user (the secure stack's permissions), _INBOX without (INFERBUS_EDGE_NATS_INBOX_PREFIX)")
@@ -123,13 +140,19 @@ func parseOptions() options {
 	return o
 }
 
-func connectNATS(o options) (*nats.Conn, error) {
+// connectNATS connects; each time the connection drops, `lost` gets a signal
+// (without blocking) so the calls waiting on answers are answered at once.
+func connectNATS(o options, lost chan<- struct{}) (*nats.Conn, error) {
 	opts := []nats.Option{
 		nats.Name("inferbus-edge"),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			log.Printf("edge: NATS disconnected: %v", err)
+			select {
+			case lost <- struct{}{}:
+			default:
+			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Printf("edge: NATS reconnected to %s", nc.ConnectedUrl())
@@ -224,7 +247,8 @@ func main() {
 		// A taken port fails loudly, like the gateway's.
 		log.Fatalf("edge: cannot listen on %s: %v", listen, err)
 	}
-	nc, err := connectNATS(o)
+	lost := make(chan struct{}, 1)
+	nc, err := connectNATS(o, lost)
 	if err != nil {
 		log.Fatalf("edge: cannot connect to NATS at %s: %v", o.natsURL, err)
 	}
@@ -232,6 +256,19 @@ func main() {
 	answers, err := newCalls(nc, stats)
 	if err != nil {
 		log.Fatalf("edge: cannot subscribe to its answer inbox: %v", err)
+	}
+	// Answers on their way when the connection drops are lost with it: the calls
+	// waiting for them are answered now, not at their deadlines.
+	go func() {
+		for range lost {
+			if n := answers.cutOff(); n > 0 {
+				log.Printf("edge: %d call(s) waiting when NATS dropped answered UNAVAILABLE", n)
+			}
+		}
+	}()
+	orphanAfter = o.orphanAfter
+	if o.orphanAfter > 0 {
+		go answers.watch(o.orphanAfter, make(chan struct{}))
 	}
 	bridge := &bridge{nc: nc, calls: answers, subject: o.subject, maxWait: o.maxWait, stats: stats}
 	if o.upstream != "" {

@@ -30,6 +30,28 @@ type stats struct {
 	frames  uint64 // reply frames received
 	framed  uint64 // answers that came in them
 	broken  uint64 // reply frames cut short
+	orphans uint64 // calls no gateway claimed any more (errOrphaned)
+	cutoffs uint64 // calls waiting when the NATS connection dropped (errCutOff)
+}
+
+// orphaned counts calls answered UNAVAILABLE because no gateway held them.
+func (s *stats) orphaned(n int) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.orphans += uint64(n)
+	s.mu.Unlock()
+}
+
+// cut counts calls answered UNAVAILABLE because the NATS connection dropped.
+func (s *stats) cut(n int) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.cutoffs += uint64(n)
+	s.mu.Unlock()
 }
 
 // frame counts one reply frame of n answers (err: it was cut short after them).
@@ -121,6 +143,12 @@ func (s *stats) render() string {
 	b.WriteString("# HELP inferbus_edge_reply_frames_broken_total Reply frames cut short (the calls they did not reach end at their deadlines).\n")
 	b.WriteString("# TYPE inferbus_edge_reply_frames_broken_total counter\n")
 	fmt.Fprintf(&b, "inferbus_edge_reply_frames_broken_total %d\n", s.broken)
+	b.WriteString("# HELP inferbus_edge_orphaned_calls_total Calls answered UNAVAILABLE because no gateway claimed them for the orphan time (the gateway that took them was killed or frozen).\n")
+	b.WriteString("# TYPE inferbus_edge_orphaned_calls_total counter\n")
+	fmt.Fprintf(&b, "inferbus_edge_orphaned_calls_total %d\n", s.orphans)
+	b.WriteString("# HELP inferbus_edge_cut_off_calls_total Calls answered UNAVAILABLE because the edge's NATS connection dropped while they waited.\n")
+	b.WriteString("# TYPE inferbus_edge_cut_off_calls_total counter\n")
+	fmt.Fprintf(&b, "inferbus_edge_cut_off_calls_total %d\n", s.cutoffs)
 	return b.String()
 }
 

@@ -16,7 +16,16 @@ package main
 // with headers (Ib-Status, Ib-Message, trailers), as before; nats-server answers
 // there too, with status 503, when no gateway is subscribed.
 //
-// Why: on the edge's hop each call cost four messages through nats-server
+// Claims: a gateway tells the edge, on <base>.k, which of its calls it still
+// holds: a message of little-endian uint64 call ids, every 250 ms, for the calls
+// it has held longer than that (so a call answered within 250 ms costs no claim).
+// A call that no gateway has claimed for -orphan-after (1 s) since it was sent
+// or last claimed is answered UNAVAILABLE: the gateway process that took it was
+// killed or is frozen, and its answer will not come. Without claims such a call
+// waited out the client's whole deadline. Gateways from before claims never
+// claim: with those, set -orphan-after 0 (off).
+//
+// Why frames: on the edge's hop each call cost four messages through nats-server
 // (request in and out, answer in and out), each one a delivery and a wake-up of
 // nats-server, the gateway's client and this one; a frame answers a bundle's
 // calls with one (bench/findings.md, round 19). The requests stay one message
@@ -24,10 +33,13 @@ package main
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"log"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	nats "github.com/nats-io/nats.go"
 	"google.golang.org/grpc/codes"
@@ -43,11 +55,20 @@ type answer struct {
 	busErr  error // the bus brought no answer (nats.ErrNoResponders, a publish error)
 }
 
+// The bus errors of calls the edge itself gives up on.
+var (
+	// errOrphaned: no gateway has claimed the call for the orphan time.
+	errOrphaned = errors.New("no gateway holds the call any more")
+	// errCutOff: the edge's NATS connection dropped while the call waited.
+	errCutOff = errors.New("the NATS connection dropped while the call waited")
+)
+
 // pending is one call waiting for its answer.
 type pending struct {
 	id       uint64
 	reply    string      // <base>.c.<id>
 	answered chan answer // buffered: one answer
+	since    time.Time   // sent, or last claimed by a gateway (under calls.mu)
 }
 
 const recordHead = 18 // id 8, status 2, meta length 4, body length 4
@@ -56,14 +77,14 @@ const recordHead = 18 // id 8, status 2, meta length 4, body length 4
 type calls struct {
 	mu      sync.Mutex
 	next    uint64
-	waiting map[uint64]chan answer
+	waiting map[uint64]*pending
 	base    string
 	stats   *stats
 }
 
 // newCalls subscribes to the edge's answer subjects (<inbox>.>).
 func newCalls(nc *nats.Conn, st *stats) (*calls, error) {
-	c := &calls{waiting: map[uint64]chan answer{}, base: nc.NewInbox(), stats: st}
+	c := &calls{waiting: map[uint64]*pending{}, base: nc.NewInbox(), stats: st}
 	sub, err := nc.Subscribe(c.base+".>", c.onMsg)
 	if err != nil {
 		return nil, err
@@ -80,11 +101,11 @@ func (c *calls) framesSubject() string { return c.base + ".r" }
 
 // open registers a call: its id, its reply subject, where its answer arrives.
 func (c *calls) open() *pending {
-	p := &pending{answered: make(chan answer, 1)}
+	p := &pending{answered: make(chan answer, 1), since: time.Now()}
 	c.mu.Lock()
 	c.next++
 	p.id = c.next
-	c.waiting[p.id] = p.answered
+	c.waiting[p.id] = p
 	c.mu.Unlock()
 	p.reply = c.base + ".c." + strconv.FormatUint(p.id, 10)
 	return p
@@ -99,12 +120,74 @@ func (c *calls) forget(p *pending) {
 
 func (c *calls) deliver(id uint64, a answer) {
 	c.mu.Lock()
-	ch, ok := c.waiting[id]
+	p, ok := c.waiting[id]
 	delete(c.waiting, id)
 	c.mu.Unlock()
 	if ok { // else: the call stopped waiting, or a duplicate
-		ch <- a
+		p.answered <- a
 	}
+}
+
+// claimed marks the calls of a claims message as held by a gateway now.
+func (c *calls) claimed(data []byte) {
+	now := time.Now()
+	c.mu.Lock()
+	for ; len(data) >= 8; data = data[8:] {
+		if p, ok := c.waiting[binary.LittleEndian.Uint64(data)]; ok {
+			p.since = now
+		}
+	}
+	c.mu.Unlock()
+}
+
+// expire answers, with errOrphaned, the calls not sent or claimed since
+// `before`; it returns how many.
+func (c *calls) expire(before time.Time) int {
+	var gone []*pending
+	c.mu.Lock()
+	for id, p := range c.waiting {
+		if p.since.Before(before) {
+			gone = append(gone, p)
+			delete(c.waiting, id)
+		}
+	}
+	c.mu.Unlock()
+	for _, p := range gone {
+		p.answered <- answer{busErr: errOrphaned}
+	}
+	return len(gone)
+}
+
+// watch expires orphaned calls (no claim for `after`) until stop is closed;
+// it checks four times per `after`.
+func (c *calls) watch(after time.Duration, stop <-chan struct{}) {
+	tick := time.NewTicker(after / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-tick.C:
+			if n := c.expire(now.Add(-after)); n > 0 {
+				c.stats.orphaned(n)
+				log.Printf("edge: %d call(s) no gateway claimed for %v answered UNAVAILABLE (the gateway that took them stopped?)", n, after)
+			}
+		}
+	}
+}
+
+// cutOff answers every waiting call with errCutOff: the answers on their way
+// were lost with the connection. It returns how many.
+func (c *calls) cutOff() int {
+	c.mu.Lock()
+	gone := c.waiting
+	c.waiting = map[uint64]*pending{}
+	c.mu.Unlock()
+	for _, p := range gone {
+		p.answered <- answer{busErr: errCutOff}
+	}
+	c.stats.cut(len(gone))
+	return len(gone)
 }
 
 func (c *calls) onMsg(msg *nats.Msg) {
@@ -112,6 +195,10 @@ func (c *calls) onMsg(msg *nats.Msg) {
 	if rest == "r" {
 		n, err := parseFrame(msg.Data, c.deliver)
 		c.stats.frame(n, err)
+		return
+	}
+	if rest == "k" {
+		c.claimed(msg.Data)
 		return
 	}
 	if strings.HasPrefix(rest, "c.") {

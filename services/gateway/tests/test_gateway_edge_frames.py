@@ -8,10 +8,24 @@ real gateways: tests/e2e/test_e2e_edge.py.
 from __future__ import annotations
 
 import asyncio
+import struct
+import time
 
 import grpc
 
-from inferbus_gateway.grpc_api.edge import RECORD, EdgeContext, ReplyFrames, pack_answer
+from inferbus_gateway.grpc_api.edge import (
+    CLAIM_EVERY_S,
+    METHOD,
+    RECORD,
+    REPLY_FRAMES,
+    EdgeContext,
+    EdgeListener,
+    ReplyFrames,
+    _call_id,
+    pack_answer,
+)
+from inferbus_gateway.grpc_api.tolerant import SERVICE
+from inferbus_proto.v2 import grpc_predict_v2_pb2 as pb
 
 
 def read_answers(data: bytes) -> list[tuple[int, int, str, bytes]]:
@@ -104,3 +118,73 @@ async def test_frames_stay_under_max_payload_and_an_answer_too_large_is_refused(
     too_big = records[3]
     assert too_big[1] == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
     assert "more than the bus carries" in too_big[2] and too_big[3] == b""
+
+
+class _HeldServicer:
+    """Every unary method waits for `release`, then answers ServerLive's response."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str):
+        async def handler(request, context):
+            await self.release.wait()
+            return pb.ServerLiveResponse(live=True)
+
+        return handler
+
+
+async def test_a_gateway_claims_the_calls_it_holds_until_it_answers_them(nats_client) -> None:
+    """The edge answers UNAVAILABLE a call no gateway claims (services/edge/replies.go):
+    the gateway claims, every CLAIM_EVERY_S, the calls it has held longer than that."""
+    claims: list[tuple[float, list[int]]] = []
+    frames: list[bytes] = []
+
+    async def on(msg) -> None:
+        if msg.subject.endswith(".k"):
+            claims.append(
+                (time.monotonic(), list(struct.unpack(f"<{len(msg.data) // 8}Q", msg.data)))
+            )
+        elif msg.subject.endswith(".r"):
+            frames.append(msg.data)
+
+    await nats_client.subscribe("_INBOX.edgeT.>", cb=on)
+    servicer = _HeldServicer()
+    listener = EdgeListener(nats_client, "t.edge.grpc", servicer, max_in_flight=8)
+    await listener.start()
+    try:
+        sent = time.monotonic()
+        for call_id in (7, 8):
+            await nats_client.publish(
+                "t.edge.grpc",
+                b"",
+                reply=f"_INBOX.edgeT.c.{call_id}",
+                headers={METHOD: f"/{SERVICE}/ServerLive", REPLY_FRAMES: "_INBOX.edgeT.r"},
+            )
+        await asyncio.sleep(3 * CLAIM_EVERY_S + 0.1)
+        assert claims, "no claim in three claim periods"
+        assert all(sorted(ids) == [7, 8] for _, ids in claims), claims
+        # Only calls held longer than a period are claimed: none before that.
+        assert claims[0][0] - sent >= CLAIM_EVERY_S - 0.05
+        servicer.release.set()
+        for _ in range(50):
+            if frames:
+                break
+            await asyncio.sleep(0.02)
+        assert sorted(r[0] for f in frames for r in read_answers(f)) == [7, 8]
+        answered = time.monotonic()
+        await asyncio.sleep(2 * CLAIM_EVERY_S + 0.1)
+        assert not [t for t, _ in claims if t > answered + 0.05], (
+            "a call was claimed after its answer"
+        )
+    finally:
+        await listener.stop(5)
+
+
+def test_a_call_id_is_a_uint64_or_the_call_is_answered_on_its_own_subject() -> None:
+    assert _call_id("_INBOX.e.c.42") == 42
+    assert _call_id(f"_INBOX.e.c.{(1 << 64) - 1}") == (1 << 64) - 1
+    # Past 64 bits a record (and a claim) could not carry it.
+    assert _call_id(f"_INBOX.e.c.{1 << 64}") is None
+    assert _call_id("_INBOX.e.c.9" * 3 + "9" * 40) is None
+    assert _call_id("_INBOX.e.c.x1") is None

@@ -47,6 +47,11 @@ REPLY_FRAMES = "Ib-Reply-Frames"
 QUEUE = "gateway"
 RECORD = struct.Struct("<QHII")
 """A reply frame's record head: call id, gRPC status, meta length, body length."""
+CLAIM_EVERY_S = 0.25
+"""How often a gateway claims, to each edge, the calls it has held longer than
+this (``services/edge/replies.go``, "Claims"): an edge answers UNAVAILABLE a call
+no gateway has claimed for its orphan time (1 s), instead of letting it wait out
+the client's deadline when the gateway that took it was killed or froze."""
 
 
 class EdgeAbort(grpc.aio.AbortError):
@@ -136,12 +141,16 @@ class EdgeListener:
         self._slots = asyncio.Semaphore(max_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._sub: Subscription | None = None
+        self._held: dict[str, dict[int, float]] = {}
+        """Claims subject of an edge -> its calls here -> when each arrived."""
+        self._claimer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Join the queue group: from now on the edge may hand this process calls."""
         self._sub = await self._nc.subscribe(
             self._subject, queue=QUEUE, cb=self._on_msg, pending_msgs_limit=-1
         )
+        self._claimer = asyncio.get_running_loop().create_task(self._claim_loop())
 
     async def stop(self, timeout_s: float) -> None:
         """Leave the queue group, then let the calls already taken finish.
@@ -161,10 +170,14 @@ class EdgeListener:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
         if self._frames is not None:
             await self._frames.flushed(timeout_s)
+        if self._claimer is not None:
+            self._claimer.cancel()
+            self._claimer = None
 
     async def _on_msg(self, msg: Msg) -> None:
+        held = self._hold(msg)
         await self._slots.acquire()
-        task = asyncio.get_running_loop().create_task(self._serve(msg))
+        task = asyncio.get_running_loop().create_task(self._serve(msg, held))
         self._tasks.add(task)
         task.add_done_callback(self._done)
 
@@ -172,7 +185,47 @@ class EdgeListener:
         self._tasks.discard(task)
         self._slots.release()
 
-    async def _serve(self, msg: Msg) -> None:
+    def _hold(self, msg: Msg) -> tuple[str, int] | None:
+        """Note a call as held here, for the claims (None: its edge takes none)."""
+        frames = (msg.headers or {}).get(REPLY_FRAMES, "")
+        call_id = _call_id(msg.reply or "")
+        if call_id is None or not frames.endswith(".r"):
+            return None
+        claims = frames[:-1] + "k"
+        self._held.setdefault(claims, {})[call_id] = time.monotonic()
+        return claims, call_id
+
+    def _release(self, held: tuple[str, int]) -> None:
+        claims, call_id = held
+        calls = self._held.get(claims)
+        if calls is not None:
+            calls.pop(call_id, None)
+            if not calls:
+                del self._held[claims]
+
+    async def _claim_loop(self) -> None:
+        """Every `CLAIM_EVERY_S`, claim to each edge the calls held longer than that."""
+        while True:
+            await asyncio.sleep(CLAIM_EVERY_S)
+            older = time.monotonic() - CLAIM_EVERY_S
+            per_message = max(1, self._nc.max_payload // 8 - 1)
+            for claims, calls in list(self._held.items()):
+                ids = [call_id for call_id, since in calls.items() if since <= older]
+                for i in range(0, len(ids), per_message):
+                    part = ids[i : i + per_message]
+                    try:
+                        await self._nc.publish(claims, struct.pack(f"<{len(part)}Q", *part))
+                    except Exception as exc:  # the edge then answers them UNAVAILABLE
+                        log.warning("could not claim %d edge calls: %s", len(part), exc)
+
+    async def _serve(self, msg: Msg, held: tuple[str, int] | None = None) -> None:
+        try:
+            await self._answer(msg)
+        finally:
+            if held is not None:
+                self._release(held)
+
+    async def _answer(self, msg: Msg) -> None:
         headers = msg.headers or {}
         method = headers.get(METHOD, "")
         context = EdgeContext(
@@ -218,7 +271,10 @@ class EdgeListener:
 def _call_id(reply: str) -> int | None:
     """The call id an edge put last in its reply subject (``<inbox>.c.<id>``)."""
     _, _, last = reply.rpartition(".")
-    return int(last) if last.isdigit() else None
+    if not last.isdigit() or len(last) > 20:
+        return None
+    call_id = int(last)
+    return call_id if call_id < 1 << 64 else None
 
 
 def pack_answer(call_id: int, context: EdgeContext, body: bytes) -> bytes:
@@ -230,6 +286,21 @@ def pack_answer(call_id: int, context: EdgeContext, body: bytes) -> bytes:
     lines += [f"{k}:{_single_line(v)}" for k, v in context.trailers]
     meta = "\n".join(lines).encode()
     return RECORD.pack(call_id, code, len(meta), len(body)) + meta + body
+
+
+class _Frame:
+    """The records of one reply frame being gathered, and their size in bytes."""
+
+    __slots__ = ("records", "size")
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+        self.size = 0
+
+    def take(self) -> list[bytes]:
+        """The records gathered so far; the frame starts empty again."""
+        records, self.records, self.size = self.records, [], 0
+        return records
 
 
 class ReplyFrames:
@@ -246,7 +317,7 @@ class ReplyFrames:
 
     def __init__(self, nc: Client) -> None:
         self._nc = nc
-        self._open: dict[str, tuple[list[bytes], list[int]]] = {}
+        self._open: dict[str, _Frame] = {}
         self._sending: set[asyncio.Task[None]] = set()
 
     @property
@@ -265,21 +336,19 @@ class ReplyFrames:
                 f"{self._nc.max_payload}); call the gateway's own gRPC port for answers this large"
             )
             record = pack_answer(call_id, too_big, b"")
-        entry = self._open.get(subject)
-        if entry is None:
-            entry = self._open[subject] = ([], [0])
+        frame = self._open.get(subject)
+        if frame is None:
+            frame = self._open[subject] = _Frame()
             asyncio.get_running_loop().call_soon(self._flush, subject)
-        elif entry[1][0] + len(record) > limit:
-            self._send(subject, entry[0])
-            entry[0].clear()
-            entry[1][0] = 0
-        entry[0].append(record)
-        entry[1][0] += len(record)
+        elif frame.size + len(record) > limit:
+            self._send(subject, frame.take())
+        frame.records.append(record)
+        frame.size += len(record)
 
     def _flush(self, subject: str) -> None:
-        entry = self._open.pop(subject, None)
-        if entry is not None and entry[0]:
-            self._send(subject, entry[0])
+        frame = self._open.pop(subject, None)
+        if frame is not None and frame.records:
+            self._send(subject, frame.take())
 
     def _send(self, subject: str, records: list[bytes]) -> None:
         task = asyncio.ensure_future(self._publish(subject, b"".join(records), len(records)))
