@@ -3,7 +3,8 @@
 One command, three parts, each against real processes on this machine:
 
 1. the fault matrix (`inferbus_testing.chaos.FAULTS`) under closed-loop load:
-   sent, answered correctly, explicit errors, lost, hung, recovery time;
+   sent, answered correctly, explicit errors, lost, hung, recovery time; then
+   the faults with every client calling through the gRPC edge (`EDGE_FAULTS`);
 2. open-loop overload at 2x and 5x the measured capacity of a compute-bound
    model (`inferbus_testing.overload`);
 3. the hostile-input fuzzers (``tests/fuzz``, hypothesis) with
@@ -35,6 +36,7 @@ from typing import Any
 
 from inferbus_testing.chaos import (
     CLUSTER_FAULTS,
+    EDGE_FAULTS,
     FAULTS,
     SLOW_MODEL,
     SLOW_SIDE,
@@ -51,23 +53,29 @@ DOC = REPO / "docs" / "reliability.md"
 RESULTS = REPO / "bench" / "results"
 
 
-def run_matrix_and_overload(quick: bool, flood_s: float) -> tuple[list[dict], list[dict]]:
-    """Start one `ChaosStack`, run every fault, then the floods; return their rows."""
+def run_matrix_and_overload(
+    quick: bool, flood_s: float
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """Start one `ChaosStack` (the edge in front of its gateways), run every fault,
+    the edge's faults, then the floods; return their rows."""
     shape = Shape.ci() if quick else Shape.long()
     faults: list[dict[str, Any]] = []
+    edge: list[dict[str, Any]] = []
     floods: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ib-reliability-") as tmp:
-        with ready_stack(ChaosStack, Path(tmp), with_slow=True) as stack:
-            for fault in FAULTS.values():
-                crashes_before = len(stack.start_crashes)
-                report = asyncio.run(run_fault(stack, fault, shape))
-                row = report.row()
-                row["samples"] = report.samples
-                row["start_crashes"] = [
-                    service for service, _ in stack.start_crashes[crashes_before:]
-                ]
-                faults.append(row)
-                print(f"{fault.name}: {json.dumps({k: row[k] for k in _BRIEF})}", flush=True)
+        with ready_stack(ChaosStack, Path(tmp), with_slow=True, edge=True) as stack:
+            for rows, matrix, through_edge in ((faults, FAULTS, False), (edge, EDGE_FAULTS, True)):
+                for fault in matrix.values():
+                    crashes_before = len(stack.start_crashes)
+                    report = asyncio.run(run_fault(stack, fault, shape, through_edge=through_edge))
+                    row = report.row()
+                    row["samples"] = report.samples
+                    row["start_crashes"] = [
+                        service for service, _ in stack.start_crashes[crashes_before:]
+                    ]
+                    rows.append(row)
+                    brief = json.dumps({k: row[k] for k in _BRIEF})
+                    print(f"{fault.name}: {brief}", flush=True)
             for factor in (2.0, 5.0):
 
                 async def flood(factor: float = factor) -> dict[str, Any]:
@@ -88,7 +96,7 @@ def run_matrix_and_overload(quick: bool, flood_s: float) -> tuple[list[dict], li
                 row = asyncio.run(flood())
                 floods.append(row)
                 print(f"overload {factor:g}x: {json.dumps(row)}", flush=True)
-    return faults, floods
+    return faults, edge, floods
 
 
 _BRIEF = ("sent", "correct", "errors", "lost", "hung", "first_ok_s", "recovered_s")
@@ -204,6 +212,60 @@ def _fmt_s(v: float | None) -> str:
     return "not recovered" if v is None else f"{v:.2f} s"
 
 
+def _fault_rows(rows: list[dict]) -> list[str]:
+    """The matrix's table: its head, one line per fault, crashes, the total."""
+    out = [
+        "| fault | load during it | sent | answered correctly | explicit error | lost | "
+        "hung | in flight at the fault | first OK | recovered | errors by kind |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "—"
+        load = f"{r['load']}; {r['baseline_rps']:g} req/s before"
+        caught = r.get("in_flight", 0)
+        answered = r.get("in_flight_answered_s")
+        in_flight = f"{caught}, last answered {answered:.2f} s after" if answered else "—"
+        out.append(
+            f"| **{r['fault']}**: {r['what']} | {load} | {r['sent']} | {r['correct']} | "
+            f"{r['explicit_error']} | {r['lost']} | {r['hung']} | {in_flight} | "
+            f"{_fmt_s(r['first_ok_s'])} | {_fmt_s(r['recovered_s'])} | {kinds} |"
+        )
+    crashed = [(r["fault"], svc) for r in rows for svc in r.get("start_crashes", [])]
+    if crashed:
+        out += [
+            "",
+            "**Crashes while restarting** (the harness started the service again; the "
+            "service log holds the native stack): "
+            + ", ".join(f"{svc} during {fault}" for fault, svc in crashed)
+            + ".",
+        ]
+    lost = sum(r["lost"] for r in rows)
+    hung = sum(r["hung"] for r in rows)
+    out += [
+        "",
+        f"Total: {sum(r['sent'] for r in rows)} requests, **{lost} lost, {hung} hung**.",
+        "",
+    ]
+    return out
+
+
+def _render_edge(rows: list[dict]) -> list[str]:
+    """The "Through the gRPC edge" section."""
+    return [
+        "## Through the gRPC edge",
+        "",
+        "The same stack with `inferbus-edge` in front of its two gateways, every client "
+        "calling the edge's one address (so a client cannot fail over to the other "
+        "gateway itself); load, retries and columns as above. The edge answers "
+        "`UNAVAILABLE` a call no gateway has claimed for 1 s (`INFERBUS_EDGE_ORPHAN_AFTER`; "
+        "a gateway claims every 250 ms the calls it has held longer than that) and every "
+        "call waiting when its NATS connection drops; the client retries those with the "
+        "same request id. The same faults, shorter, run in `tests/chaos/test_chaos_edge.py`.",
+        "",
+        *_fault_rows(rows),
+    ]
+
+
 def render(
     faults: list[dict],
     floods: list[dict],
@@ -212,6 +274,7 @@ def render(
     took_s: float,
     generated: str | None = None,
     cluster: list[dict] | None = None,
+    edge: list[dict] | None = None,
 ) -> str:
     """The markdown of ``docs/reliability.md``."""
     generated = generated or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -229,10 +292,11 @@ def render(
         "",
         "## Faults under load",
         "",
-        "Stack: registry (on S3), router, batcher, two workers, two gateways, Redis "
-        "holding a cluster limit. Load: closed loop, each request with a 2 s deadline "
-        "(the KServe `timeout` parameter); a client retries only `UNAVAILABLE` (safe to "
-        "retry per `docs/architecture.md`), on the other gateway first, within the "
+        "Stack: registry (on S3), router, batcher, two workers, two gateways (and the "
+        "gRPC edge, used by the next section's clients only), Redis holding a cluster "
+        "limit. Load: closed loop, each request with a 2 s deadline (the KServe "
+        "`timeout` parameter); a client retries only `UNAVAILABLE` (safe to retry per "
+        "`docs/architecture.md`), on the other gateway first, within the "
         "original deadline and with the same request id. Each fault is injected after a "
         "steady phase, held, then healed the way a supervisor would (a killed process "
         "is started again on its old ports).",
@@ -249,37 +313,10 @@ def render(
         "* **in flight at the fault**: requests sent and not yet answered when the fault "
         "struck, and when the last of them was answered (seconds after it struck).",
         "",
-        "| fault | load during it | sent | answered correctly | explicit error | lost | "
-        "hung | in flight at the fault | first OK | recovered | errors by kind |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        *_fault_rows(faults),
     ]
-    for r in faults:
-        kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "—"
-        load = f"{r['load']}; {r['baseline_rps']:g} req/s before"
-        caught = r.get("in_flight", 0)
-        answered = r.get("in_flight_answered_s")
-        in_flight = f"{caught}, last answered {answered:.2f} s after" if answered else "—"
-        lines.append(
-            f"| **{r['fault']}**: {r['what']} | {load} | {r['sent']} | {r['correct']} | "
-            f"{r['explicit_error']} | {r['lost']} | {r['hung']} | {in_flight} | "
-            f"{_fmt_s(r['first_ok_s'])} | {_fmt_s(r['recovered_s'])} | {kinds} |"
-        )
-    crashed = [(r["fault"], svc) for r in faults for svc in r.get("start_crashes", [])]
-    if crashed:
-        lines += [
-            "",
-            "**Crashes while restarting** (the harness started the service again; the "
-            "service log holds the native stack): "
-            + ", ".join(f"{svc} during {fault}" for fault, svc in crashed)
-            + ".",
-        ]
-    lost = sum(r["lost"] for r in faults)
-    hung = sum(r["hung"] for r in faults)
-    lines += [
-        "",
-        f"Total: {sum(r['sent'] for r in faults)} requests, **{lost} lost, {hung} hung**.",
-        "",
-    ]
+    if edge:
+        lines += _render_edge(edge)
     if cluster:
         lines += _render_cluster(cluster)
     lines += [
@@ -407,12 +444,13 @@ def main(argv: list[str] | None = None) -> int:
                 took,
                 raw.get("generated"),
                 raw.get("cluster"),
+                raw.get("edge"),
             )
         )
         print(f"wrote {args.out}")
         return 0
     t0 = time.monotonic()
-    faults, floods = run_matrix_and_overload(args.quick, 3.0 if args.quick else 10.0)
+    faults, edge, floods = run_matrix_and_overload(args.quick, 3.0 if args.quick else 10.0)
     cluster = [] if args.skip_cluster else run_cluster_faults(args.quick)
     fuzz = None
     if not args.skip_fuzz:
@@ -422,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     raw = {
         "faults": faults,
+        "edge": edge,
         "overload": floods,
         "cluster": cluster,
         "fuzz": fuzz,
@@ -430,11 +469,11 @@ def main(argv: list[str] | None = None) -> int:
         "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     (RESULTS / f"reliability-{stamp}.json").write_text(json.dumps(raw, indent=2))
-    args.out.write_text(render(faults, floods, fuzz, args.quick, took, cluster=cluster))
+    args.out.write_text(render(faults, floods, fuzz, args.quick, took, cluster=cluster, edge=edge))
     print(f"wrote {args.out}")
     bad = [
         r["fault"]
-        for r in [*faults, *cluster]
+        for r in [*faults, *edge, *cluster]
         if r["lost"] or r["hung"] or r["recovered_s"] is None
     ]
     bad += [f"overload {f['factor']:g}x" for f in floods if f["lost"] or f["hung"]]

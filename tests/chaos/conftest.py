@@ -1,5 +1,6 @@
-"""One `ChaosStack` for the package: two workers, two gateways, Redis with a
-limit, the registry on S3; the fraud model and a slow model for overload.
+"""One `ChaosStack` for the package: two workers, two gateways and the gRPC edge in
+front of them, Redis with a limit, the registry on S3; the fraud model and a slow
+model for overload.
 
 Package-scoped: the stack takes ~15 s to start on two cores, and the fault
 matrix and the overload tests can share it (each fault is healed before the
@@ -17,7 +18,8 @@ from inferbus_testing.chaos import ChaosStack, ready_stack
 
 @pytest.fixture(scope="package")
 def chaos_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosStack]:
-    """The whole platform, both models ready, a (high) cluster limit set in Redis."""
+    """The whole platform, the edge too, both models ready, a (high) cluster limit
+    set in Redis."""
     base = tmp_path_factory.mktemp("chaos")
-    with ready_stack(ChaosStack, base, with_slow=True) as stack:
+    with ready_stack(ChaosStack, base, with_slow=True, edge=True) as stack:
         yield stack

@@ -42,10 +42,11 @@ import os
 # bench/reliability.py, which imports this module outside pytest.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from inferbus_testing.chaos.faults import CLUSTER_FAULTS, FAULTS, Fault
+from inferbus_testing.chaos.faults import CLUSTER_FAULTS, EDGE_FAULTS, FAULTS, Fault
 from inferbus_testing.chaos.load import Attempt, ClosedLoad
 from inferbus_testing.chaos.run import FaultReport, Shape, run_fault
 from inferbus_testing.chaos.stack import (
+    EDGE,
     FEATURES,
     INPUT,
     MODEL,
@@ -64,6 +65,8 @@ from inferbus_testing.chaos.stack import (
 
 __all__ = [
     "CLUSTER_FAULTS",
+    "EDGE",
+    "EDGE_FAULTS",
     "FAULTS",
     "FEATURES",
     "INPUT",

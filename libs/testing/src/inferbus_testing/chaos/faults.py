@@ -174,6 +174,41 @@ FAULTS: dict[str, Fault] = {
 }
 """The fault matrix, in the order the report runs it."""
 
+EDGE_FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in [
+        Fault(
+            "edge-kill-gateway",
+            "kill -9 one of the two gateways behind the edge; restarted after the hold",
+            _kill("gateway1"),
+            _restart("gateway1"),
+            hold_s=1.0,
+        ),
+        Fault(
+            "edge-kill-edge",
+            "kill -9 the edge (clients reconnect); restarted on its port after the hold",
+            _kill("edge"),
+            _restart("edge"),
+            hold_s=1.0,
+        ),
+        Fault(
+            "edge-kill-worker",
+            "kill -9 one of two workers; restarted after the hold",
+            _kill("worker0"),
+            _restart("worker0"),
+            hold_s=1.0,
+        ),
+        Fault(
+            "edge-restart-nats",
+            "kill -9 nats-server; started again on the same port and JetStream store",
+            _blocking(_kill_nats),
+            _blocking(_restart_nats_start),
+            hold_s=1.0,
+        ),
+    ]
+}
+"""Faults with every client calling through the gRPC edge (`run_fault(through_edge=True)`)."""
+
 
 async def _data_path_leaders(cluster: NatsCluster, stream: str) -> tuple[str, set[str]]:
     """(leader of `stream`, leaders of the stream and of each of its consumers)."""

@@ -102,8 +102,13 @@ def _all_ok_since(attempts: list[Attempt], since: float, until: float) -> bool:
     return bool(window) and all(a.status == "OK" for a in window)
 
 
-async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultReport:
+async def run_fault(
+    stack: ChaosStack, fault: Fault, shape: Shape, *, through_edge: bool = False
+) -> FaultReport:
     """Run `fault` under closed-loop load and measure what the clients saw.
+
+    The clients call the gateways (each client starting at its own, failing over
+    to the next), or with `through_edge` the stack's edge only.
 
     Recovery: after `heal`, the load goes on until every request of the last
     `stable_s` seconds was answered correctly (or `after_max_s` passes).
@@ -112,7 +117,7 @@ async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultRepor
     answers that lasts to the end (0 when nothing failed after the heal).
     """
     load = ClosedLoad(
-        stack.grpc_urls,
+        [stack.edge_url] if through_edge else stack.grpc_urls,
         stack.model_dir,
         concurrency=shape.concurrency,
         deadline_s=shape.deadline_s,
@@ -157,8 +162,13 @@ async def run_fault(stack: ChaosStack, fault: Fault, shape: Shape) -> FaultRepor
         fault=fault.name,
         what=fault.what,
         load=(
-            f"closed loop, {shape.concurrency} clients over {len(stack.gateways)} gateways, "
-            f"deadline {shape.deadline_s:g} s"
+            f"closed loop, {shape.concurrency} clients "
+            + (
+                f"through the edge ({len(stack.gateways)} gateways behind it)"
+                if through_edge
+                else f"over {len(stack.gateways)} gateways"
+            )
+            + f", deadline {shape.deadline_s:g} s"
         ),
         sent=len(attempts),
         correct=counts["OK"],

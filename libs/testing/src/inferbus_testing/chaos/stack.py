@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from inferbus_testing.edge import edge_process
 from inferbus_testing.examples import make_fraud_model
 from inferbus_testing.processes import ServiceError, ServiceProcess
 from inferbus_testing.servers import NatsCluster, S3Server
@@ -25,6 +26,8 @@ INPUT = "input"
 OUTPUT = "probabilities"
 FEATURES = 64
 
+EDGE = "inferbus_edge"
+"""The edge's name as a module: its settings are ``INFERBUS_EDGE_*``."""
 _PORT_SETTINGS = {"grpc": "GRPC_PORT", "http": "HTTP_PORT", "metrics": "METRICS_PORT"}
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,8 @@ class ChaosStack(LocalStack):
         base: folder for logs, stores and caches.
         env: extra environment for every service.
         gateways: number of gateway processes.
+        edge: also start ``inferbus-edge`` in front of the gateways (``edge_url``);
+            it is a service like the others (``procs["edge"]``, `restart`).
     """
 
     model_dir: Path
@@ -67,9 +72,11 @@ class ChaosStack(LocalStack):
         env: dict[str, str] | None = None,
         gateways: int = 2,
         s3: bool = True,
+        edge: bool = False,
     ):
         super().__init__(base, workers=2, env=env, with_redis=True)
         self.gateway_count = gateways
+        self.with_edge = edge
         self.s3: S3Server | None = S3Server(base / "s3") if s3 else None
         self._specs: dict[str, tuple[str, dict[str, str]]] = {}
         self.start_crashes: list[tuple[str, str]] = []
@@ -81,7 +88,20 @@ class ChaosStack(LocalStack):
 
     def _spawn(self, name: str, module: str, extra: dict[str, str]) -> ServiceProcess:
         self._specs[name] = (module, dict(extra))
-        return super()._spawn(name, module, extra)
+        if module != EDGE:
+            return super()._spawn(name, module, extra)
+        # The compiled edge: its settings without the prefix, its upstream (streams)
+        # the first gateway; unary calls reach every gateway over NATS.
+        settings = {k.removeprefix(EDGE.upper() + "_"): v for k, v in extra.items()}
+        proc = edge_process(self.nats_url, self.grpc_url, self.base, name=name, **settings)
+        self.procs[name] = proc
+        proc.start()
+        return proc
+
+    @property
+    def edge_url(self) -> str:
+        """gRPC address of the edge (a stack started with ``edge=True``)."""
+        return f"127.0.0.1:{self.procs['edge'].ports['grpc']}"
 
     @property
     def gateways(self) -> list[ServiceProcess]:
@@ -127,6 +147,9 @@ class ChaosStack(LocalStack):
             )
         for proc in self.procs.values():
             proc.wait_ready()
+        if self.with_edge:
+            self._spawn("edge", EDGE, {})
+            self.procs["edge"].wait_ready()
         return self
 
     def close(self) -> None:
@@ -330,12 +353,17 @@ _Stack = TypeVar("_Stack", bound=ChaosStack)
 
 @contextlib.contextmanager
 def ready_stack(
-    stack_class: type[_Stack], base: Path, *, with_slow: bool = False
+    stack_class: type[_Stack], base: Path, *, with_slow: bool = False, edge: bool = False
 ) -> Iterator[_Stack]:
     """A started `stack_class` under `base` with a (high) cluster limit in Redis and
-    the fraud model ready (and `SLOW_MODEL` with `with_slow`); stopped on exit."""
+    the fraud model ready (and `SLOW_MODEL` with `with_slow`, the gRPC edge in front
+    of the gateways with `edge`); stopped on exit."""
     fraud, slow = make_models(base / "models")
-    stack = stack_class(base / "stack", env=environment())
+    stack = (
+        stack_class(base / "stack", env=environment(), edge=True)
+        if edge
+        else stack_class(base / "stack", env=environment())
+    )
     stack.model_dir = fraud
     with stack:
         stack.set_cluster_limit(1e6)
