@@ -34,23 +34,17 @@ type stats struct {
 	cutoffs uint64 // calls waiting when the NATS connection dropped (errCutOff)
 }
 
-// orphaned counts calls answered UNAVAILABLE because no gateway held them.
-func (s *stats) orphaned(n int) {
+// gaveUp counts n calls the edge answered itself for `why` (errOrphaned or errCutOff).
+func (s *stats) gaveUp(why error, n int) {
 	if s == nil {
 		return
 	}
 	s.mu.Lock()
-	s.orphans += uint64(n)
-	s.mu.Unlock()
-}
-
-// cut counts calls answered UNAVAILABLE because the NATS connection dropped.
-func (s *stats) cut(n int) {
-	if s == nil {
-		return
+	if why == errOrphaned {
+		s.orphans += uint64(n)
+	} else {
+		s.cutoffs += uint64(n)
 	}
-	s.mu.Lock()
-	s.cutoffs += uint64(n)
 	s.mu.Unlock()
 }
 

@@ -169,7 +169,7 @@ func (c *calls) watch(after time.Duration, stop <-chan struct{}) {
 			return
 		case now := <-tick.C:
 			if n := c.expire(now.Add(-after)); n > 0 {
-				c.stats.orphaned(n)
+				c.stats.gaveUp(errOrphaned, n)
 				log.Printf("edge: %d call(s) no gateway claimed for %v answered UNAVAILABLE (the gateway that took them stopped?)", n, after)
 			}
 		}
@@ -186,7 +186,7 @@ func (c *calls) cutOff() int {
 	for _, p := range gone {
 		p.answered <- answer{busErr: errCutOff}
 	}
-	c.stats.cut(len(gone))
+	c.stats.gaveUp(errCutOff, len(gone))
 	return len(gone)
 }
 

@@ -44,7 +44,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from inferbus_testing.chaos.faults import CLUSTER_FAULTS, EDGE_FAULTS, FAULTS, Fault
 from inferbus_testing.chaos.load import Attempt, ClosedLoad
-from inferbus_testing.chaos.run import FaultReport, Shape, run_fault
+from inferbus_testing.chaos.run import EXPLICIT, FaultReport, Shape, assert_nothing_lost, run_fault
 from inferbus_testing.chaos.stack import (
     EDGE,
     FEATURES,
@@ -67,6 +67,7 @@ __all__ = [
     "CLUSTER_FAULTS",
     "EDGE",
     "EDGE_FAULTS",
+    "EXPLICIT",
     "FAULTS",
     "FEATURES",
     "INPUT",
@@ -82,6 +83,7 @@ __all__ = [
     "Fault",
     "FaultReport",
     "Shape",
+    "assert_nothing_lost",
     "build_slow_model",
     "environment",
     "make_models",

@@ -6,7 +6,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inferbus_testing.chaos.stack import ChaosStack, ClusterChaosStack
@@ -191,20 +191,8 @@ EDGE_FAULTS: dict[str, Fault] = {
             _restart("edge"),
             hold_s=1.0,
         ),
-        Fault(
-            "edge-kill-worker",
-            "kill -9 one of two workers; restarted after the hold",
-            _kill("worker0"),
-            _restart("worker0"),
-            hold_s=1.0,
-        ),
-        Fault(
-            "edge-restart-nats",
-            "kill -9 nats-server; started again on the same port and JetStream store",
-            _blocking(_kill_nats),
-            _blocking(_restart_nats_start),
-            hold_s=1.0,
-        ),
+        replace(FAULTS["kill-worker"], name="edge-kill-worker"),
+        replace(FAULTS["restart-nats"], name="edge-restart-nats"),
     ]
 }
 """Faults with every client calling through the gRPC edge (`run_fault(through_edge=True)`)."""

@@ -97,6 +97,22 @@ class FaultReport:
         }
 
 
+EXPLICIT = frozenset({"DEADLINE_EXCEEDED", "UNAVAILABLE", "RESOURCE_EXHAUSTED"})
+"""Statuses a fault may legitimately produce: not computed in time, or not
+reachable. Anything else (INTERNAL, UNKNOWN, INVALID_ARGUMENT, ...) is a bug."""
+
+
+def assert_nothing_lost(report: FaultReport) -> None:
+    """Print the report; fail unless every request got exactly one answer, a
+    correct one or an explicit error (`EXPLICIT`) before its deadline."""
+    print(report.row(), *report.samples, sep="\n  ")
+    assert report.sent > 50, report.row()
+    assert report.wrong == 0, report.samples
+    assert report.hung == 0, report.samples
+    assert report.lost == 0, report.row()
+    assert set(report.explicit_errors) <= EXPLICIT, report.samples
+
+
 def _all_ok_since(attempts: list[Attempt], since: float, until: float) -> bool:
     window = [a for a in attempts if a.start >= since and a.end <= until]
     return bool(window) and all(a.status == "OK" for a in window)
