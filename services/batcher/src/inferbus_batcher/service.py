@@ -47,7 +47,7 @@ from inferbus_batcher.metrics import (
 from inferbus_batcher.settings import BatcherSettings
 from inferbus_batcher.workqueue import PublishFailed, WorkQueue
 from inferbus_common import tracing
-from inferbus_common.bus import connect, sync
+from inferbus_common.bus import connect, leave, sync
 from inferbus_common.catalog import Catalog
 from inferbus_common.errors import (
     InferbusError,
@@ -201,9 +201,9 @@ class Batcher:
             async with asyncio.timeout(self._settings.drain_timeout_s):
                 if self._sub is not None:
                     # Unsubscribes, then waits until the requests already
-                    # delivered to us have been taken in.
+                    # routed to us have been taken in.
                     with contextlib.suppress(nats.errors.Error):
-                        await self._sub.drain()
+                        await leave(self._sub)
                 self._flushing = True
                 while True:
                     for state in list(self._queues.values()):

@@ -35,7 +35,7 @@ from nats.aio.subscription import Subscription
 from prometheus_client import Counter, Gauge, Histogram
 
 from inferbus_common import tracing
-from inferbus_common.bus import is_no_responders, sync
+from inferbus_common.bus import is_no_responders, leave, sync
 from inferbus_common.catalog import Catalog, Route
 from inferbus_common.errors import (
     InferbusError,
@@ -195,7 +195,7 @@ class Router:
         the side loops."""
         for sub in (self._sub, self._gen_sub):
             if sub is not None:
-                await sub.drain()
+                await leave(sub)
         self._sub = self._gen_sub = None
         if self._audit_sub is not None:
             with contextlib.suppress(Exception):

@@ -49,6 +49,7 @@ from opentelemetry.trace import Link, Span
 
 from inferbus_common import tracing
 from inferbus_common.batchrule import BatchRule
+from inferbus_common.bus import leave
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import InvalidArgument, StatusCode
 from inferbus_common.protocol import headers as h
@@ -74,6 +75,8 @@ log = logging.getLogger(__name__)
 
 BATCH_SPAN = "inferbus.worker.batch"
 REQUEST_SPAN = "inferbus.worker.request"
+FAST_LANE_LEAVE_S = 2.0
+"""How long a stopping worker waits to leave the fast lane's queue group."""
 
 
 class ModelRunner(PullLoop, FastLane, EngineExecution, ScriptExecution, Answering):
@@ -201,8 +204,10 @@ class ModelRunner(PullLoop, FastLane, EngineExecution, ScriptExecution, Answerin
         """Drain: stop pulling, finish and ack in-flight batches, close the engine."""
         self._stopping.set()
         if self._fast_sub is not None:
-            with contextlib.suppress(*NATS_ERRORS):
-                await self._fast_sub.unsubscribe()
+            # What nats-server routed here before it saw the leave is answered
+            # `busy` (stopping): the gateway sends it the normal way at once.
+            with contextlib.suppress(*NATS_ERRORS, TimeoutError):
+                await asyncio.wait_for(leave(self._fast_sub), FAST_LANE_LEAVE_S)
             self._fast_sub = None
         for gauge in (metrics.EXECUTION_SLOTS, metrics.BUSY_SLOTS):
             with contextlib.suppress(KeyError):

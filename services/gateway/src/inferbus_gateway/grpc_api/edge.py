@@ -34,6 +34,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from inferbus_common import bus
 from inferbus_gateway.grpc_api.tolerant import SERVICE, unary_methods
 
 log = logging.getLogger(__name__)
@@ -155,15 +156,15 @@ class EdgeListener:
     async def stop(self, timeout_s: float) -> None:
         """Leave the queue group, then let the calls already taken finish.
 
-        A drain, not an unsubscribe: calls nats-server routed here before it saw
-        the unsubscribe are still on the wire, and an unsubscribed client would
-        drop them (the edge would wait out their deadlines). The drain's
-        round trip takes them all in first.
+        `bus.leave`, not an unsubscribe: calls nats-server routed here before it
+        saw the unsubscribe are still on the wire, and an unsubscribed client
+        would drop them (the edge would answer them UNAVAILABLE after
+        ``-orphan-after``). Its round trips take them all in first.
         """
         if self._sub is not None:
             sub, self._sub = self._sub, None
             try:
-                await asyncio.wait_for(sub.drain(), timeout_s)
+                await asyncio.wait_for(bus.leave(sub), timeout_s)
             except (TimeoutError, nats.errors.Error) as exc:
                 log.warning("leaving the edge's queue group: %s", exc or type(exc).__name__)
         if self._tasks:

@@ -14,7 +14,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from inferbus_common.bus import is_no_responders, sync
+from inferbus_common.bus import is_no_responders, leave, sync
 from inferbus_common.catalog import DeployedVersion
 from inferbus_common.errors import InferbusError, ResourceExhausted, Unavailable
 from inferbus_common.generation import LLM_FULL_REASON
@@ -173,7 +173,7 @@ class QueueIntake:
     async def _drain(self, sub: Subscription) -> None:
         with contextlib.suppress(*NATS_ERRORS, TimeoutError):
             async with asyncio.timeout(10.0):
-                await sub.drain()
+                await leave(sub)
 
     def _intake_changed(self) -> None:
         """Leave a membership at its bound, rejoin it when a slot frees."""
