@@ -142,15 +142,12 @@ func (b *bridge) unary(method string, stream grpc.ServerStream, req *frame) erro
 	}
 }
 
-// orphanAfter is the edge's -orphan-after, for the status it gives an orphaned call.
-var orphanAfter time.Duration
-
 // busError is the status a client sees when the bus did not bring an answer.
 func busError(ctx context.Context, subject string, err error) error {
 	switch {
 	case errors.Is(err, errOrphaned):
 		return status.Errorf(codes.Unavailable,
-			"the gateway process that took this call stopped before answering (killed or frozen: no gateway has held it for %v); it may have run, retry with the same request id", orphanAfter)
+			"the gateway process that took this call stopped before answering (killed or frozen: %v); it may have run, retry with the same request id", err)
 	case errors.Is(err, errCutOff):
 		return status.Error(codes.Unavailable,
 			"the edge lost its NATS connection while this call waited, so its answer cannot come back; it may have run, retry with the same request id")

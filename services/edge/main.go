@@ -266,9 +266,8 @@ func main() {
 			}
 		}
 	}()
-	orphanAfter = o.orphanAfter
 	if o.orphanAfter > 0 {
-		go answers.watch(o.orphanAfter, make(chan struct{}))
+		go answers.watch(o.orphanAfter)
 	}
 	bridge := &bridge{nc: nc, calls: answers, subject: o.subject, maxWait: o.maxWait, stats: stats}
 	if o.upstream != "" {

@@ -58,7 +58,7 @@ type answer struct {
 // The bus errors of calls the edge itself gives up on.
 var (
 	// errOrphaned: no gateway has claimed the call for the orphan time.
-	errOrphaned = errors.New("no gateway holds the call any more")
+	errOrphaned = errors.New("no gateway has held the call")
 	// errCutOff: the edge's NATS connection dropped while the call waited.
 	errCutOff = errors.New("the NATS connection dropped while the call waited")
 )
@@ -140,9 +140,11 @@ func (c *calls) claimed(data []byte) {
 	c.mu.Unlock()
 }
 
-// expire answers, with errOrphaned, the calls not sent or claimed since
-// `before`; it returns how many.
-func (c *calls) expire(before time.Time) int {
+// expire answers, with errOrphaned, the calls not sent or claimed in the
+// `after` before `now`; it returns how many.
+func (c *calls) expire(now time.Time, after time.Duration) int {
+	before := now.Add(-after)
+	orphaned := fmt.Errorf("%w for %v", errOrphaned, after)
 	var gone []*pending
 	c.mu.Lock()
 	for id, p := range c.waiting {
@@ -153,25 +155,18 @@ func (c *calls) expire(before time.Time) int {
 	}
 	c.mu.Unlock()
 	for _, p := range gone {
-		p.answered <- answer{busErr: errOrphaned}
+		p.answered <- answer{busErr: orphaned}
 	}
 	return len(gone)
 }
 
-// watch expires orphaned calls (no claim for `after`) until stop is closed;
-// it checks four times per `after`.
-func (c *calls) watch(after time.Duration, stop <-chan struct{}) {
-	tick := time.NewTicker(after / 4)
-	defer tick.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case now := <-tick.C:
-			if n := c.expire(now.Add(-after)); n > 0 {
-				c.stats.gaveUp(errOrphaned, n)
-				log.Printf("edge: %d call(s) no gateway claimed for %v answered UNAVAILABLE (the gateway that took them stopped?)", n, after)
-			}
+// watch expires orphaned calls (no claim for `after`), checking four times
+// per `after`, for the life of the process.
+func (c *calls) watch(after time.Duration) {
+	for now := range time.Tick(after / 4) {
+		if n := c.expire(now, after); n > 0 {
+			c.stats.gaveUp(errOrphaned, n)
+			log.Printf("edge: %d call(s) no gateway claimed for %v answered UNAVAILABLE (the gateway that took them stopped?)", n, after)
 		}
 	}
 }
