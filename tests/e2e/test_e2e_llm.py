@@ -453,6 +453,13 @@ def test_tokens_per_minute_limit_refuses_a_tenant_in_debt(
     # Auth is off: every caller is tenant "anonymous". 60 tokens/min = 1/s.
     r.hset("ib:tpm", "anonymous", json.dumps({"tpm": 60, "burst": 20}))
     try:
+        # The gateway reads which tenants have a limit every 0.5 s; until it has
+        # this one it does not charge the tenant.
+        _wait(
+            lambda: llm_stack.metrics(llm_stack.gateway).get("inferbus_gateway_tpm_limits{}") == 1,
+            10,
+            "the gateway loaded the TPM limit",
+        )
         messages = [{"role": "user", "content": "hi"}]
         first = client.chat.completions.create(
             model=MODEL, messages=messages, max_tokens=30, extra_body={"ignore_eos": True}

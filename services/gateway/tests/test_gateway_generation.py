@@ -115,6 +115,41 @@ async def test_tpm_bucket_refuses_after_settled_debt_and_refills(redis_server) -
         await r.aclose()
 
 
+async def _evalsha_calls(r: aioredis.Redis) -> int:
+    return int((await r.info("commandstats")).get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_tpm_charges_only_tenants_with_a_limit_once_limits_are_loaded(redis_server) -> None:
+    r = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await r.delete("ib2:tpm")
+        async with TokenLimiter(r, "ib2", reload_interval_s=0.05) as limiter:
+            before = await _evalsha_calls(r)
+            assert await limiter.reserve("acme", 10) is False  # no limit: no Redis call
+            assert await _evalsha_calls(r) == before
+            await set_tpm_limit(r, "ib2", "acme", tpm=600, burst=50)
+            for _ in range(100):  # the reload loop picks the limit up
+                if limiter.limited("acme"):
+                    break
+                await asyncio.sleep(0.02)
+            assert limiter.limited("acme") and not limiter.limited("globex")
+            assert await limiter.reserve("acme", 40) is True
+            charged = await _evalsha_calls(r)
+            assert charged > before
+            with pytest.raises(ResourceExhausted):  # charged for real: the bucket is short
+                await limiter.reserve("acme", 40)
+            charged = await _evalsha_calls(r)
+            assert await limiter.reserve("globex", 10**6) is False
+            assert await _evalsha_calls(r) == charged
+            await set_tpm_limit(r, "ib2", "*", tpm=600, burst=50)
+            await limiter.reload()
+            with pytest.raises(ResourceExhausted):  # '*' limits every other tenant
+                await limiter.reserve("globex", 10**6)
+    finally:
+        await r.delete("ib2:tpm", "{ib2:tpm}:acme", "{ib2:tpm}:globex")
+        await r.aclose()
+
+
 async def test_tpm_fails_open_when_redis_is_down() -> None:
     r = aioredis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
     try:

@@ -419,7 +419,8 @@ class GenerationService:
             if admission is not None and admission.tokens is not None:
                 texts = [m.content for m in request.messages] or [request.prompt]
                 estimate = estimate_prompt_tokens(texts)
-                await admission.tokens.reserve(tenant, estimate)
+                if not await admission.tokens.reserve(tenant, estimate):
+                    estimate = 0  # no limit: nothing to settle either
             request_id = request_id or uuid.uuid4().hex
             deadline_ns = h.deadline_from_timeout(timeout_s)
             reply, stream = self.dispatcher.open()

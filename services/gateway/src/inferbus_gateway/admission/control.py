@@ -138,13 +138,16 @@ class Admission:
                 reload_interval_s=settings.ratelimit_reload_interval_s,
                 gateway_ttl_s=settings.ratelimit_gateway_ttl_s,
             )
-            async with limiter:
+            tokens = TokenLimiter(
+                redis, keys.prefix, reload_interval_s=settings.ratelimit_reload_interval_s
+            )
+            async with limiter, tokens:
                 yield cls(
                     authenticator,
                     limiter=limiter,
                     quotas=quotas,
                     breakers=breakers,
-                    tokens=TokenLimiter(redis, keys.prefix),
+                    tokens=tokens,
                 )
         finally:
             if redis is not None:
