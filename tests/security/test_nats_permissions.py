@@ -132,7 +132,6 @@ def test_no_credentials_is_refused(secured) -> None:
         ("gateway", f"$KV.{SUBJECTS.routes_bucket}.fraud", "only the registry writes routes"),
         ("gateway", "ib.reply.gw-1.7", "only answering services publish replies"),
         ("gateway", "ib.batch.default.fraud.1", "only the batcher writes the work queue"),
-        ("gateway", "ib.gen.fraud.1", "only the router routes generative requests"),
         ("worker", "ib.route.fraud", "only gateways send requests in"),
         ("worker", "ib.genroute.llm", "only gateways send generative requests in"),
         ("batcher", "ib.route.fraud", "a batcher does not send requests in"),
@@ -188,6 +187,7 @@ async def test_subscribe_outside_permissions_is_refused(
         ("gateway", "ib.route.fraud"),
         ("gateway", "ib.genroute.llm"),  # generative requests: their own subject
         ("gateway", "ib.infer.fraud.1"),  # direct dispatch of plain routes
+        ("gateway", "ib.gen.llm.1"),  # direct dispatch of a generative request
         ("router", "ib.infer.fraud.1"),
         ("worker", "ib.reply.gw-1.7"),
         ("batcher", "ib.reply.gw-1.7"),

@@ -43,7 +43,7 @@ from pydantic import (
     model_validator,
 )
 
-from inferbus_common.errors import InvalidArgument
+from inferbus_common.errors import InferbusError, InvalidArgument, ResourceExhausted, Unavailable
 
 LLM_FULL_REASON = "llm-full"
 """`ResourceExhausted.reason` when every worker of a generative version holds as many
@@ -51,6 +51,26 @@ requests as it admits (``max_num_seqs + max_waiting``)."""
 LLM_LATE_REASON = "llm-late"
 """`ResourceExhausted.reason` when a request would wait at the worker and, by its recent
 timings, end past its deadline (`inferbus_worker.llm.capacity`)."""
+
+
+def no_generation_worker(model: str, version: str, ready: int, state: str) -> InferbusError:
+    """The answer to a generative request that no LLM worker took (nats-server's "no
+    responders" on the version's subject): 429 ``llm-full`` when `ready` workers
+    serve the version (each leaves the queue group while full), else 503 naming its
+    `state`. Nothing was generated either way.
+    """
+    if ready:
+        return ResourceExhausted(
+            f"model '{model}' version '{version}': all {ready} worker(s) serving it hold "
+            "as many requests as they admit (max_num_seqs + max_waiting); nothing was "
+            "generated, retry later or add workers",
+            reason=LLM_FULL_REASON,
+            retry_after_s=1.0,
+        )
+    return Unavailable(
+        f"no worker is taking generation requests for model '{model}' version "
+        f"'{version}' ({state}); nothing was generated, safe to retry"
+    )
 
 
 MAX_CHOICES = 16

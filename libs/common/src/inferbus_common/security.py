@@ -114,8 +114,10 @@ def permissions(role: str, subjects: Subjects) -> Permissions:
         pub += [
             f"{p}.route.>",
             f"{p}.genroute.>",
-            # Direct dispatch: requests on plain routes go straight to the batchers.
+            # Direct dispatch: requests on plain routes go straight to the batchers,
+            # generative ones to the LLM workers.
             f"{p}.infer.>",
+            f"{p}.gen.>",
             # The fast lane: lone requests straight to a worker with a free slot.
             f"{p}.fast.>",
             f"{p}.audit.>",

@@ -145,7 +145,11 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                 )
             )
             gen_dispatcher = GenerationDispatcher(
-                nc, subjects, instance, chunk_frames=settings.generation_chunk_frames
+                nc,
+                subjects,
+                instance,
+                chunk_frames=settings.generation_chunk_frames,
+                catalog=catalog,
             )
             await gen_dispatcher.start()
             generation = GenerationService(
@@ -154,6 +158,7 @@ async def serve(settings: GatewaySettings, stop: asyncio.Event) -> None:
                 admission=admission,
                 default_timeout_s=settings.generation_max_timeout_s,
                 access_log=settings.access_log,
+                direct=settings.direct_dispatch,
             )
             handler = InferHandler(
                 catalog,

@@ -15,7 +15,7 @@ from typing import Protocol
 from inferbus_common.errors import DeadlineExceeded, Unavailable
 from inferbus_common.generation import GenerationChunk
 from inferbus_common.protocol import headers as h
-from inferbus_common.protocol.replies import error_from_reply
+from inferbus_common.protocol.replies import error_from_reply, error_headers
 from inferbus_gateway.genmetrics import GEN_GAPS
 
 
@@ -56,6 +56,9 @@ class ChunkStream:
         """The deadline's timer fired (a wait after it needs a new one)."""
         self._window = window
         self._gap_timeout_s = gap_timeout_s
+        self.direct: tuple[str, str] | None = None
+        """(model, version) when the request went straight to that version's workers
+        (`GenerationDispatcher.publish_to_workers`), else None (through the router)."""
         self.version = ""
         self.received = False
         """Whether any message came (then a worker, or the router, holds the request)."""
@@ -74,6 +77,10 @@ class ChunkStream:
     def feed_framed(self, seq: int, final: bool, version: str, data: bytes) -> None:
         """Called by the dispatcher for this request's chunk of a chunk frame."""
         self._push((seq, final, version, None, data))
+
+    def feed_error(self, exc: BaseException) -> None:
+        """End the stream with `exc` (as the router's error message would)."""
+        self._push((-1, True, "", error_headers(exc), b""))
 
     def _push(self, piece: _Piece) -> None:
         self.received = True

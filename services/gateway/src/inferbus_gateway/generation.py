@@ -14,7 +14,10 @@ runs admission (the same `Admission` as V2: auth, access, breaker, QPS limits,
 quotas) plus the tenant's tokens-per-minute bucket, resolves the model (it must
 be generative and ready), and publishes the request to ``ib.genroute.<model>``
 (a subject of its own: one framing per subject); the router sends it on to
-``ib.gen.<model>.<version>``.
+``ib.gen.<model>.<version>``. With direct dispatch, a request on a plain route
+(`plain_version`) to a version one LLM worker serves goes to
+``ib.gen.<model>.<version>`` itself: the router would have nothing to decide
+(no canary draw, no shadow, no placement among workers).
 `GenerationCall.chunks` yields the chunks; leaving it early (client gone) or
 hitting the deadline publishes ``ib.gencancel.<request id>`` so the worker aborts
 the request in vLLM.
@@ -34,6 +37,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from inferbus_common.bus import is_no_responders
 from inferbus_common.catalog import Catalog, DeployedVersion
 from inferbus_common.catalogrecords import not_ready_error
 from inferbus_common.errors import (
@@ -42,13 +46,19 @@ from inferbus_common.errors import (
     InvalidArgument,
     NotFound,
 )
-from inferbus_common.generation import GenerationChunk, GenerationRequest, unpack_chunks
+from inferbus_common.generation import (
+    GenerationChunk,
+    GenerationRequest,
+    no_generation_worker,
+    unpack_chunks,
+)
 from inferbus_common.modelconfig import GenerationConfig
 from inferbus_common.protocol import headers as h
 from inferbus_common.subjects import Subjects
 from inferbus_gateway.admission import Admission
 from inferbus_gateway.admission.tokens import estimate_prompt_tokens
 from inferbus_gateway.chunkstream import ChunkStream
+from inferbus_gateway.dispatch.plain import plain_version
 from inferbus_gateway.genmetrics import (
     GEN_CANCELS,
     GEN_FRAMES_BAD,
@@ -68,6 +78,9 @@ MAX_UNANSWERED = 10_000
 FRAMES_TOKEN = "frames"
 """Last token of the subject where workers send this gateway's chunk frames (stream
 tokens are numbers)."""
+NO_WORKER_MARK = "n"
+"""``<inbox>.n<stream token>``: the NATS reply subject of a request published straight
+to a version's LLM workers, where nats-server's "no responders" comes back."""
 
 
 class GenerationDispatcher:
@@ -78,12 +91,21 @@ class GenerationDispatcher:
         subjects: naming scheme.
         instance: this gateway's id (names its inbox).
         chunk_frames: ask workers for chunk frames (`frames_subject`).
+        catalog: live catalog, to say why no worker took a request published straight
+            to a version (`publish_to_workers`).
     """
 
     def __init__(
-        self, nc: Client, subjects: Subjects, instance: str, *, chunk_frames: bool = True
+        self,
+        nc: Client,
+        subjects: Subjects,
+        instance: str,
+        *,
+        chunk_frames: bool = True,
+        catalog: Catalog | None = None,
     ) -> None:
         self._nc = nc
+        self._catalog = catalog
         self.subjects = subjects
         self._inbox = f"{subjects.reply_inbox(instance)}.gen"
         self.frames_subject = f"{self._inbox}.{FRAMES_TOKEN}" if chunk_frames else ""
@@ -120,7 +142,21 @@ class GenerationDispatcher:
         if token == FRAMES_TOKEN:
             await self._on_frame(msg)
             return
+        if token[:1] == NO_WORKER_MARK:
+            self._no_worker(token[1:], msg)
+            return
         await self._deliver(token, msg)
+
+    def _no_worker(self, token: str, msg: Msg) -> None:
+        """No LLM worker took a request published straight to its version: 429 when
+        its workers are all full, 503 when none serves it (as the router answers)."""
+        stream = self._streams.get(token)
+        if stream is None or stream.direct is None or not is_no_responders(msg):
+            return
+        model, version = stream.direct
+        ready = len(self._catalog.ready_workers(model, version)) if self._catalog else 0
+        state = self._catalog.version_state(model, version) if self._catalog else "no worker"
+        stream.feed_error(no_generation_worker(model, version, ready, state))
 
     async def _on_frame(self, msg: Msg) -> None:
         """Hand each chunk of a frame to its stream."""
@@ -191,6 +227,22 @@ class GenerationDispatcher:
     async def publish(self, subject: str, body: bytes, headers: dict[str, str]) -> None:
         """Publish on the bus (the request, or a cancel)."""
         await self._nc.publish(subject, body, headers=headers)
+
+    async def publish_to_workers(
+        self, model: str, version: str, body: bytes, headers: dict[str, str], reply: str
+    ) -> None:
+        """Publish a request straight to the LLM workers of (`model`, `version`); their
+        chunks go to `reply` (`open`), nats-server's "no responders" to its ``n`` twin."""
+        token = reply.rsplit(".", 1)[-1]
+        stream = self._streams.get(token)
+        if stream is not None:
+            stream.direct = (model, version)
+        await self._nc.publish(
+            self.subjects.gen(model, version),
+            body,
+            reply=f"{self._inbox}.{NO_WORKER_MARK}{token}",
+            headers=headers,
+        )
 
 
 _SETTLING: set[asyncio.Future[None]] = set()
@@ -314,6 +366,8 @@ class GenerationService:
         admission: the gateway's admission (None: admit all).
         default_timeout_s: upper bound of a request's deadline when it brings none.
         access_log: write one access-log line per OpenAI request (as V2 does).
+        direct: publish requests the router has nothing to decide for straight to the
+            version's workers (`direct_version`).
     """
 
     def __init__(
@@ -324,9 +378,11 @@ class GenerationService:
         admission: Admission | None = None,
         default_timeout_s: float = 120.0,
         access_log: bool = True,
+        direct: bool = False,
     ) -> None:
         self.catalog = catalog
         self.dispatcher = dispatcher
+        self.direct = direct
         self.admission = admission
         self.default_timeout_s = default_timeout_s
         self.access_log = access_log
@@ -359,6 +415,20 @@ class GenerationService:
                 f"(/v2/models/{model}/infer)"
             )
         return dv
+
+    def direct_version(self, model: str, pinned: str) -> str:
+        """The version to publish a request to without the router ('' : through it).
+
+        Only on direct dispatch, for a plain route (`plain_version`: a pin or no
+        canary taking traffic, no shadow) whose version exactly one live LLM worker
+        serves: with several the router places requests by prompt prefix.
+        """
+        if not self.direct:
+            return ""
+        version = plain_version(self.catalog.routes.get(model), pinned)
+        if not version or len(self.catalog.ready_workers(model, version)) != 1:
+            return ""
+        return version
 
     async def authorize(self, headers: Mapping[str, str], model: str = "") -> str:
         """Authenticate (and, with a model, authorize) a metadata call; returns the tenant."""
@@ -452,10 +522,17 @@ class GenerationService:
                 out[h.TENANT] = tenant
             if traceparent:
                 out[h.TRACEPARENT] = traceparent
+            direct = self.direct_version(model, dv.version if version else "")
             try:
-                await self.dispatcher.publish(
-                    self.dispatcher.subjects.gen_route(model), request.encode(), out
-                )
+                if direct:
+                    out[h.VERSION] = direct
+                    await self.dispatcher.publish_to_workers(
+                        model, direct, request.encode(), out, reply
+                    )
+                else:
+                    await self.dispatcher.publish(
+                        self.dispatcher.subjects.gen_route(model), request.encode(), out
+                    )
             except BaseException:
                 self.dispatcher.close(reply)
                 raise

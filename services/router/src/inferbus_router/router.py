@@ -40,12 +40,10 @@ from inferbus_common.catalog import Catalog, Route
 from inferbus_common.errors import (
     InferbusError,
     InvalidArgument,
-    ResourceExhausted,
     StatusCode,
-    Unavailable,
     status_of,
 )
-from inferbus_common.generation import LLM_FULL_REASON
+from inferbus_common.generation import no_generation_worker
 from inferbus_common.protocol import headers as h
 from inferbus_common.protocol.bundles import (
     BundledRequest,
@@ -481,22 +479,12 @@ class Router:
         rest = msg.subject[len(self._nr_gen_inbox) + 1 :]
         model_token, version_token, reply = rest.split(".", 2)
         model, version = name_from_token(model_token), name_from_token(version_token)
-        ready = len(self._catalog.ready_workers(model, version))
-        exc: InferbusError
-        if ready:
-            exc = ResourceExhausted(
-                f"model '{model}' version '{version}': all {ready} worker(s) serving it hold "
-                "as many requests as they admit (max_num_seqs + max_waiting); nothing was "
-                "generated, retry later or add workers",
-                reason=LLM_FULL_REASON,
-                retry_after_s=1.0,
-            )
-        else:
-            exc = Unavailable(
-                f"no worker is taking generation requests for model '{model}' version "
-                f"'{version}' ({self._catalog.version_state(model, version)}); nothing was "
-                "generated, safe to retry"
-            )
+        exc = no_generation_worker(
+            model,
+            version,
+            len(self._catalog.ready_workers(model, version)),
+            self._catalog.version_state(model, version),
+        )
         ROUTED.labels(model, version, exc.code.name).inc()
         await send_error(self._nc, reply, exc)
 
