@@ -8,12 +8,16 @@ Recorded per round: requests/s and the CPU µs per request of the gateway,
 router, nats-server, redis-server and the LLM worker (its own process; vLLM's
 engine processes are left out: they cost the same on either arm).
 
-Arms, each on a fresh stack, alternating (a, b, a, b, ...):
+Arms, alternating (a, b, c, a, b, c, ...):
 
 * ``direct``: the gateway as configured by default (a request on a plain route
-  to a version one LLM worker serves goes straight to the worker);
+  to a version one LLM worker serves goes straight to the worker), a fresh
+  stack per round;
 * ``router``: ``INFERBUS_GATEWAY_DIRECT_DISPATCH=false`` (every request through
-  the router, as before direct dispatch of generative requests).
+  the router, as before direct dispatch of generative requests), likewise;
+* ``vllm``: vLLM's own OpenAI server (``vllm serve``, the same engine settings
+  as `llm_vs_vllm.py`, started once): the CPU of its API-server process, which
+  does what inferbus' gateway, bus and LLM worker process do together.
 
     uv run python bench/llm_request_cost.py --rounds 3
 
@@ -28,6 +32,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,12 +41,13 @@ from typing import Any
 
 import httpx
 from cpu_window import proc_cpu_s
+from llm_vs_vllm import _free_port, start_vllm_server, wait_vllm_ready
 
 from inferbus_testing.llm import TINY_LLM, build_tiny_llm, start_llm_worker, wait_llm_ready
 from inferbus_testing.stack import LocalStack
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ARMS = {"direct": {}, "router": {"INFERBUS_GATEWAY_DIRECT_DISPATCH": "false"}}
+ARMS = {"direct": {}, "router": {"INFERBUS_GATEWAY_DIRECT_DISPATCH": "false"}, "vllm": {}}
 
 
 async def load(url: str, n: int, concurrency: int, max_tokens: int) -> None:
@@ -65,8 +71,32 @@ async def load(url: str, n: int, concurrency: int, max_tokens: int) -> None:
         await asyncio.gather(*(one(i) for i in range(n)))
 
 
-def run_arm(arm: str, args: argparse.Namespace, base: Path) -> dict[str, Any]:
-    """One round of one arm on a fresh stack."""
+def measure(url: str, pids: dict[str, int], args: argparse.Namespace) -> dict[str, Any]:
+    """Warm up, then one measured window: req/s and CPU µs per request by process."""
+    asyncio.run(load(url, args.warmup, args.concurrency, args.max_tokens))
+    before = {name: proc_cpu_s(pid) for name, pid in pids.items()}
+    t0 = time.monotonic()
+    asyncio.run(load(url, args.requests, args.concurrency, args.max_tokens))
+    elapsed = time.monotonic() - t0
+    cpu = {
+        name: round(1e6 * (proc_cpu_s(pid) - before[name]) / args.requests, 1)
+        for name, pid in pids.items()
+    }
+    return {
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "req_s": round(args.requests / elapsed, 1),
+        "cpu_us_per_request": cpu,
+        "platform_us_per_request": round(
+            sum(v for k, v in cpu.items() if k not in ("llm-worker", "vllm-api-server")), 1
+        ),
+        "front_end_us_per_request": round(sum(cpu.values()), 1),
+    }
+
+
+def run_inferbus(arm: str, args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    """One round of an inferbus arm on a fresh stack."""
     saved = {k: os.environ.get(k) for k in ARMS[arm]}
     os.environ.update(ARMS[arm])
     try:
@@ -74,47 +104,30 @@ def run_arm(arm: str, args: argparse.Namespace, base: Path) -> dict[str, Any]:
             stack.push(args.model_dir, TINY_LLM)
             worker = start_llm_worker(stack, base / arm, nice=10)
             wait_llm_ready(stack, worker, TINY_LLM)
-            url = f"http://{stack.http_url}"
-            asyncio.run(load(url, args.warmup, args.concurrency, args.max_tokens))
             assert stack.nats is not None and stack.redis is not None
             pids = {
-                "gateway": stack.gateway.pid,
-                "router": stack.router.pid,
-                "nats-server": stack.nats.pid,
-                "redis-server": stack.redis.pid,
-                "llm-worker": worker.pid,
+                "gateway": stack.gateway.pid or 0,
+                "router": stack.router.pid or 0,
+                "nats-server": stack.nats.pid or 0,
+                "redis-server": stack.redis.pid or 0,
+                "llm-worker": worker.pid or 0,
             }
-            before = {name: proc_cpu_s(pid) for name, pid in pids.items() if pid}
-            t0 = time.monotonic()
-            asyncio.run(load(url, args.requests, args.concurrency, args.max_tokens))
-            elapsed = time.monotonic() - t0
-            used = {name: proc_cpu_s(pid) - before[name] for name, pid in pids.items() if pid}
+            return {"arm": arm, **measure(f"http://{stack.http_url}", pids, args)}
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    cpu = {name: round(1e6 * s / args.requests, 1) for name, s in used.items()}
-    platform = sum(v for k, v in cpu.items() if k != "llm-worker")
-    return {
-        "arm": arm,
-        "requests": args.requests,
-        "concurrency": args.concurrency,
-        "max_tokens": args.max_tokens,
-        "req_s": round(args.requests / elapsed, 1),
-        "cpu_us_per_request": cpu,
-        "platform_us_per_request": round(platform, 1),
-    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Medians per arm: req/s and CPU µs per request by process."""
-    names = ["gateway", "router", "nats-server", "redis-server", "llm-worker"]
+    names = ["gateway", "router", "nats-server", "redis-server", "llm-worker", "vllm-api-server"]
     head = " | ".join(f"{n} µs/req" for n in names)
     out = [
-        f"| arm | rounds | req/s | {head} | gateway + router + nats + redis µs/req |",
-        "|---|---:|---:|" + "---:|" * (len(names) + 1),
+        f"| arm | rounds | req/s | {head} | platform µs/req | front end µs/req |",
+        "|---|---:|---:|" + "---:|" * (len(names) + 2),
     ]
     for arm in ARMS:
         mine = [r for r in rows if r["arm"] == arm]
@@ -125,7 +138,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{statistics.median(r['cpu_us_per_request'].get(n, 0.0) for r in mine):,.0f}"
             for n in names
         ]
-        cells.append(f"{statistics.median(r['platform_us_per_request'] for r in mine):,.0f}")
+        for key in ("platform_us_per_request", "front_end_us_per_request"):
+            cells.append(f"{statistics.median(r[key] for r in mine):,.0f}")
         out.append(f"| {arm} | {len(mine)} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -147,13 +161,36 @@ def main() -> None:
         args.model_dir = build_tiny_llm(
             base / TINY_LLM, max_num_seqs=16, max_waiting=256, max_len=1024, layers=2
         )
-        for rnd in range(args.rounds):
-            for arm in args.arms:
-                row = {**run_arm(arm, args, base / f"r{rnd}"), "round": rnd}
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-                with out_path.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+        server = None
+        if "vllm" in args.arms:
+            port = _free_port()
+            log = base / "vllm-serve.log"
+            server = start_vllm_server(
+                args.model_dir / "hf", port, log, max_num_seqs=16, max_len=1024, nice=10
+            )
+        try:
+            if server is not None:
+                wait_vllm_ready(server, port, log, timeout=300)
+            for rnd in range(args.rounds):
+                for arm in args.arms:
+                    if arm == "vllm":
+                        assert server is not None
+                        pids = {"vllm-api-server": server.pid}
+                        row = {"arm": arm, **measure(f"http://127.0.0.1:{port}", pids, args)}
+                    else:
+                        row = run_inferbus(arm, args, base / f"r{rnd}")
+                    row["round"] = rnd
+                    rows.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+                    with out_path.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+        finally:
+            if server is not None:
+                server.terminate()
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    server.kill()
     print(table(rows))
     print(f"results: {out_path}")
 
