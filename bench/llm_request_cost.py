@@ -32,7 +32,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +40,7 @@ from typing import Any
 
 import httpx
 from cpu_window import proc_cpu_s
-from llm_vs_vllm import _free_port, start_vllm_server, wait_vllm_ready
+from llm_vs_vllm import _free_port, start_vllm_server, stop_vllm_server, wait_vllm_ready
 
 from inferbus_testing.llm import TINY_LLM, build_tiny_llm, start_llm_worker, wait_llm_ready
 from inferbus_testing.stack import LocalStack
@@ -186,11 +185,7 @@ def main() -> None:
                         f.write(json.dumps(row) + "\n")
         finally:
             if server is not None:
-                server.terminate()
-                try:
-                    server.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    server.kill()
+                stop_vllm_server(server)
     print(table(rows))
     print(f"results: {out_path}")
 

@@ -115,6 +115,15 @@ def start_vllm_server(
         )
 
 
+def stop_vllm_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM `vllm serve`; SIGKILL it if it has not exited after 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def wait_vllm_ready(proc: subprocess.Popen[bytes], port: int, log: Path, timeout: float) -> None:
     """Until vLLM's server answers /health (raises with its log's tail otherwise)."""
     t0 = time.monotonic()
@@ -558,11 +567,7 @@ def main() -> None:
                 run_all(args, urls, metrics, hf_dir, base, out_path, rows, pids)
         finally:
             if server is not None:
-                server.terminate()
-                try:
-                    server.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    server.kill()
+                stop_vllm_server(server)
     text = table(rows, args)
     print(text)
     print(f"\nresults: {out_path}", file=sys.stderr)
