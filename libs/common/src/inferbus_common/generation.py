@@ -31,7 +31,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from pydantic import (
@@ -45,6 +45,9 @@ from pydantic import (
 
 from inferbus_common.errors import InferbusError, InvalidArgument, ResourceExhausted, Unavailable
 
+if TYPE_CHECKING:
+    from inferbus_common.catalog import Catalog
+
 LLM_FULL_REASON = "llm-full"
 """`ResourceExhausted.reason` when every worker of a generative version holds as many
 requests as it admits (``max_num_seqs + max_waiting``)."""
@@ -53,12 +56,13 @@ LLM_LATE_REASON = "llm-late"
 timings, end past its deadline (`inferbus_worker.llm.capacity`)."""
 
 
-def no_generation_worker(model: str, version: str, ready: int, state: str) -> InferbusError:
+def no_generation_worker(catalog: Catalog, model: str, version: str) -> InferbusError:
     """The answer to a generative request that no LLM worker took (nats-server's "no
-    responders" on the version's subject): 429 ``llm-full`` when `ready` workers
-    serve the version (each leaves the queue group while full), else 503 naming its
-    `state`. Nothing was generated either way.
+    responders" on the version's subject): 429 ``llm-full`` when the catalog shows
+    ready workers for the version (each leaves the queue group while full), else 503
+    naming the version's state. Nothing was generated either way.
     """
+    ready = len(catalog.ready_workers(model, version))
     if ready:
         return ResourceExhausted(
             f"model '{model}' version '{version}': all {ready} worker(s) serving it hold "
@@ -69,7 +73,8 @@ def no_generation_worker(model: str, version: str, ready: int, state: str) -> In
         )
     return Unavailable(
         f"no worker is taking generation requests for model '{model}' version "
-        f"'{version}' ({state}); nothing was generated, safe to retry"
+        f"'{version}' ({catalog.version_state(model, version)}); nothing was generated, "
+        "safe to retry"
     )
 
 

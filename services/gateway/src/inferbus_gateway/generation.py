@@ -153,10 +153,8 @@ class GenerationDispatcher:
         stream = self._streams.get(token)
         if stream is None or stream.direct is None or not is_no_responders(msg):
             return
-        model, version = stream.direct
-        ready = len(self._catalog.ready_workers(model, version)) if self._catalog else 0
-        state = self._catalog.version_state(model, version) if self._catalog else "no worker"
-        stream.feed_error(no_generation_worker(model, version, ready, state))
+        assert self._catalog is not None  # `publish_to_workers` made sure of it
+        stream.feed_error(no_generation_worker(self._catalog, *stream.direct))
 
     async def _on_frame(self, msg: Msg) -> None:
         """Hand each chunk of a frame to its stream."""
@@ -233,6 +231,7 @@ class GenerationDispatcher:
     ) -> None:
         """Publish a request straight to the LLM workers of (`model`, `version`); their
         chunks go to `reply` (`open`), nats-server's "no responders" to its ``n`` twin."""
+        assert self._catalog is not None, "direct dispatch needs the dispatcher's catalog"
         token = reply.rsplit(".", 1)[-1]
         stream = self._streams.get(token)
         if stream is not None:

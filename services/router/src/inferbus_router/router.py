@@ -479,12 +479,7 @@ class Router:
         rest = msg.subject[len(self._nr_gen_inbox) + 1 :]
         model_token, version_token, reply = rest.split(".", 2)
         model, version = name_from_token(model_token), name_from_token(version_token)
-        exc = no_generation_worker(
-            model,
-            version,
-            len(self._catalog.ready_workers(model, version)),
-            self._catalog.version_state(model, version),
-        )
+        exc = no_generation_worker(self._catalog, model, version)
         ROUTED.labels(model, version, exc.code.name).inc()
         await send_error(self._nc, reply, exc)
 
